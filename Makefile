@@ -1,0 +1,61 @@
+# idempotency: a PostgreSQL extension in C++, built with PGXS.
+#
+#   make demo        set up everything on a fresh Debian 12 machine and run the demonstration
+#   make test        set up everything and run every test suite (what CI runs)
+#   make bench       run the benchmark suite on a throw-away server
+#   make && make install && make installcheck   against a server you run yourself
+
+EXTENSION   = idempotency
+EXTVERSION  = $(shell sed -n "s/^default_version *= *'\(.*\)'/\1/p" $(EXTENSION).control)
+MODULE_big  = idempotency
+OBJS        = src/pg_boundary.o \
+              src/module.o \
+              src/gucs.o \
+              src/stats.o \
+              src/uuid_v7.o \
+              src/fingerprint.o \
+              src/key_lock.o \
+              src/key_store.o \
+              src/claim_protocol.o \
+              src/cleanup.o \
+              src/cleanup_worker.o
+DATA        = $(EXTENSION)--$(EXTVERSION).sql
+PGFILEDESC  = "idempotency - idempotency keys inside the application's transaction"
+
+# pg_regress suites for `make installcheck` against an existing server (see README).
+REGRESS      = $(patsubst sql/%.sql,%,$(sort $(wildcard sql/*.sql)))
+REGRESS_OPTS = --inputdir=. --load-extension=$(EXTENSION)
+ISOLATION      = $(patsubst test/isolation/specs/%.spec,%,$(sort $(wildcard test/isolation/specs/*.spec)))
+ISOLATION_OPTS = --inputdir=test/isolation
+
+PG_CONFIG ?= pg_config
+PGXS := $(shell $(PG_CONFIG) --pgxs)
+
+# Our own code is held to -Werror; the server headers are system headers so that their
+# warnings are not ours (GCC lets -isystem win over the -I that PGXS adds).
+PG_CPPFLAGS = -isystem $(shell $(PG_CONFIG) --includedir-server)
+PG_CXXFLAGS = -std=c++17 -Wall -Wextra -Werror -Wno-register -fno-omit-frame-pointer
+SHLIB_LINK  = -lstdc++
+
+# Debian's server is built with LLVM, and PGXS would compile every .cpp a second time to
+# bitcode with clang, without PG_CXXFLAGS. Inlining our SQL functions into JIT code gains
+# nothing (they run SPI), so no bitcode is built or installed.
+override with_llvm := no
+
+include $(PGXS)
+
+.PHONY: demo test bench format tidy
+demo:
+	bash demo/run.sh
+
+test:
+	bash test/run.sh
+
+bench:
+	bash bench/run.sh
+
+format:
+	clang-format -i src/*.cpp src/*.hpp
+
+tidy:
+	clang-tidy src/*.cpp -- -x c++ -std=c++17 -isystem $(shell $(PG_CONFIG) --includedir-server)

@@ -1,0 +1,537 @@
+// The claim protocol (SPEC §3): one call decides, inside the caller's transaction, whether
+// this request does the work (claimed / reclaimed) or answers from the stored state
+// (replay / mismatch / in_progress).
+//
+// How a claim stays correct under any concurrency:
+//   1. Read the row with a plain MVCC snapshot. A completed, mismatched or leased row is
+//      answered from there: a replay takes no lock and writes nothing.
+//   2. Otherwise take the per-key transaction lock without waiting (key_lock.hpp). Failing
+//      to get it means a claim of this key is in a transaction that is still open.
+//   3. Holding the lock, insert (no row) or update the row (expired, lease ended, released)
+//      and keep the lock until the transaction ends, so that later claimers see step 2 fail.
+// Waiting (wait > 0) repeats the steps with latch sleeps that back off, so a waiter sees
+// the holder's commit or rollback promptly, answers interrupts, and never spins.
+#include "claim_protocol.hpp"
+
+#include "gucs.hpp"
+#include "key_lock.hpp"
+#include "key_store.hpp"
+#include "pg_boundary.hpp"
+#include "stats.hpp"
+#include "uuid_v7.hpp"
+
+namespace idem::claim_protocol {
+namespace {
+
+using key_store::KeyRow;
+using key_store::Session;
+
+// ---------------------------------------------------------------------------------------
+// Arguments
+// ---------------------------------------------------------------------------------------
+
+// A key or scope argument, detoasted, with its bytes at hand for the key lock.
+struct KeyName {
+  text* scope;
+  text* key;
+  const char* scope_bytes() const { return VARDATA_ANY(scope); }
+  size_t scope_length() const { return VARSIZE_ANY_EXHDR(scope); }
+  const char* key_bytes() const { return VARDATA_ANY(key); }
+  size_t key_length() const { return VARSIZE_ANY_EXHDR(key); }
+  // 'key' or 'scope/key', for messages.
+  std::string describe() const {
+    std::string name(key_bytes(), key_length());
+    if (scope_length() == 0) return "\"" + name + "\"";
+    return "\"" + name + "\" in scope \"" + std::string(scope_bytes(), scope_length()) + "\"";
+  }
+};
+
+text* text_argument(FunctionCallInfo fcinfo, int n) {
+  return pg_call([&] { return PG_GETARG_TEXT_PP(n); });
+}
+
+KeyName key_arguments(FunctionCallInfo fcinfo, int key_arg, int scope_arg) {
+  if (PG_ARGISNULL(key_arg))
+    throw Error(ERRCODE_NULL_VALUE_NOT_ALLOWED, "idempotency key must not be null");
+  if (PG_ARGISNULL(scope_arg))
+    throw Error(ERRCODE_NULL_VALUE_NOT_ALLOWED, "idempotency scope must not be null",
+                {}, "Use '' (the default) for keys without a scope.");
+  KeyName name{text_argument(fcinfo, scope_arg), text_argument(fcinfo, key_arg)};
+  const auto limit = static_cast<size_t>(gucs::max_key_length);
+  if (name.key_length() == 0)
+    throw Error(ERRCODE_INVALID_PARAMETER_VALUE, "idempotency key must not be empty");
+  if (name.key_length() > limit)
+    throw Error(ERRCODE_STRING_DATA_RIGHT_TRUNCATION, "idempotency key is too long",
+                "The key has " + std::to_string(name.key_length()) +
+                    " bytes; idempotency.max_key_length is " + std::to_string(limit) + ".");
+  if (name.scope_length() > limit)
+    throw Error(ERRCODE_STRING_DATA_RIGHT_TRUNCATION, "idempotency scope is too long",
+                "The scope has " + std::to_string(name.scope_length()) +
+                    " bytes; idempotency.max_key_length is " + std::to_string(limit) + ".");
+  return name;
+}
+
+pg_uuid_t token_argument(FunctionCallInfo fcinfo, int n) {
+  if (PG_ARGISNULL(n))
+    throw Error(ERRCODE_NULL_VALUE_NOT_ALLOWED, "token must not be null",
+                {}, "Pass the token that claim_key returned.");
+  return *PG_GETARG_UUID_P(n);
+}
+
+Interval seconds_interval(int seconds) {
+  Interval interval{};
+  interval.time = int64{seconds} * USECS_PER_SEC;
+  return interval;
+}
+
+TimestampTz add_interval(TimestampTz time, const Interval& interval) {
+  return pg_call([&] {
+    return DatumGetTimestampTz(DirectFunctionCall2(
+        timestamptz_pl_interval, TimestampTzGetDatum(time), IntervalPGetDatum(&interval)));
+  });
+}
+
+// An optional interval argument that must be positive (ttl, lease); NULL takes the GUC.
+Interval positive_interval_argument(FunctionCallInfo fcinfo, int n, const char* name,
+                                    int default_seconds, TimestampTz now) {
+  if (PG_ARGISNULL(n)) return seconds_interval(default_seconds);
+  Interval interval = *PG_GETARG_INTERVAL_P(n);
+  if (add_interval(now, interval) <= now)
+    throw Error(ERRCODE_INVALID_PARAMETER_VALUE, std::string(name) + " must be positive",
+                "Pass NULL to use idempotency.default_" + std::string(name) + ".");
+  return interval;
+}
+
+// ---------------------------------------------------------------------------------------
+// Claims made by the current transaction
+// ---------------------------------------------------------------------------------------
+
+// Tokens claimed in the current transaction. When complete_key runs in the same transaction
+// (the inbox pattern) it keeps the expiry the claim computed: the indexed expires_at does
+// not change, so the completion can be a small HOT update. Cleared at transaction end.
+struct OwnClaim {
+  pg_uuid_t token;
+  TimestampTz expires_at;  // claim time + ttl
+};
+constexpr size_t kOwnClaimsKept = 64;
+std::array<OwnClaim, kOwnClaimsKept> own_claims;
+size_t own_claim_count = 0;
+
+void remember_own_claim(const pg_uuid_t& token, TimestampTz expires_at) {
+  if (own_claim_count < kOwnClaimsKept) own_claims[own_claim_count++] = {token, expires_at};
+}
+
+std::optional<TimestampTz> own_claim_expiry(const pg_uuid_t& token) {
+  for (size_t i = 0; i < own_claim_count; ++i)
+    if (memcmp(own_claims[i].token.data, token.data, UUID_LEN) == 0) return own_claims[i].expires_at;
+  return std::nullopt;
+}
+
+void forget_own_claims(XactEvent, void*) { own_claim_count = 0; }
+
+// ---------------------------------------------------------------------------------------
+// Results
+// ---------------------------------------------------------------------------------------
+
+enum class Status { kClaimed, kReclaimed, kReplay, kMismatch, kInProgress };
+constexpr const char* kStatusLabels[] = {"claimed", "reclaimed", "replay", "mismatch",
+                                         "in_progress"};
+
+// Per call site: the blessed claim_result descriptor and the claim_status label OIDs.
+struct ResultShape {
+  TupleDesc descriptor;
+  Oid labels[5];
+};
+
+ResultShape* result_shape(FunctionCallInfo fcinfo) {
+  if (fcinfo->flinfo->fn_extra != nullptr) return static_cast<ResultShape*>(fcinfo->flinfo->fn_extra);
+  return pg_call([&] {
+    TupleDesc descriptor = nullptr;
+    if (get_call_result_type(fcinfo, nullptr, &descriptor) != TYPEFUNC_COMPOSITE)
+      ereport(ERROR, (errcode(ERRCODE_FEATURE_NOT_SUPPORTED),
+                      errmsg("function returning claim_result called in a wrong context")));
+    MemoryContext old = MemoryContextSwitchTo(fcinfo->flinfo->fn_mcxt);
+    auto* shape = static_cast<ResultShape*>(palloc(sizeof(ResultShape)));
+    shape->descriptor = BlessTupleDesc(CreateTupleDescCopy(descriptor));
+    MemoryContextSwitchTo(old);
+    Oid status_type = TupleDescAttr(shape->descriptor, 0)->atttypid;
+    for (int i = 0; i < 5; ++i) {
+      shape->labels[i] = GetSysCacheOid2(ENUMTYPOIDNAME, Anum_pg_enum_oid,
+                                         ObjectIdGetDatum(status_type),
+                                         CStringGetDatum(kStatusLabels[i]));
+      if (!OidIsValid(shape->labels[i]))
+        ereport(ERROR, (errcode(ERRCODE_UNDEFINED_OBJECT),
+                        errmsg("claim_status has no label \"%s\"", kStatusLabels[i])));
+    }
+    fcinfo->flinfo->fn_extra = shape;
+    return shape;
+  });
+}
+
+// The fields of a claim_result; absent optionals become NULL.
+struct ClaimResult {
+  explicit ClaimResult(Status s) : status(s) {}
+  Status status;
+  std::optional<pg_uuid_t> token = std::nullopt;
+  Jsonb* response = nullptr;
+  std::optional<int32> response_code = std::nullopt;
+  bytea* fingerprint = nullptr;
+  text* recovery_point = nullptr;
+  std::optional<int32> attempts = std::nullopt;
+  std::optional<TimestampTz> created_at = std::nullopt;
+  std::optional<TimestampTz> expires_at = std::nullopt;
+  std::optional<int64> retry_after_us = std::nullopt;
+};
+
+Datum result_datum(FunctionCallInfo fcinfo, const ClaimResult& result) {
+  ResultShape* shape = result_shape(fcinfo);
+  Datum values[10];
+  bool nulls[10];
+  for (bool& null : nulls) null = true;
+  auto set = [&](int column, Datum value) {
+    values[column] = value;
+    nulls[column] = false;
+  };
+  set(0, ObjectIdGetDatum(shape->labels[static_cast<int>(result.status)]));
+  pg_uuid_t token_copy{};
+  if (result.token) {
+    token_copy = *result.token;
+    set(1, UUIDPGetDatum(&token_copy));
+  }
+  if (result.response) set(2, PointerGetDatum(result.response));
+  if (result.response_code) set(3, Int32GetDatum(*result.response_code));
+  if (result.fingerprint) set(4, PointerGetDatum(result.fingerprint));
+  if (result.recovery_point) set(5, PointerGetDatum(result.recovery_point));
+  if (result.attempts) set(6, Int32GetDatum(*result.attempts));
+  if (result.created_at) set(7, TimestampTzGetDatum(*result.created_at));
+  if (result.expires_at) set(8, TimestampTzGetDatum(*result.expires_at));
+  Interval retry_after{};
+  if (result.retry_after_us) {
+    retry_after.time = *result.retry_after_us;
+    set(9, IntervalPGetDatum(&retry_after));
+  }
+  return pg_call([&] { return HeapTupleGetDatum(heap_form_tuple(shape->descriptor, values, nulls)); });
+}
+
+// What a duplicate may see of a stored row: the outcome, never the holder's token.
+ClaimResult stored_answer(Status status, const KeyRow& row) {
+  ClaimResult result(status);
+  if (status == Status::kReplay) {
+    result.response = row.response;
+    result.response_code = row.response_code;
+  }
+  result.fingerprint = row.fingerprint;
+  result.recovery_point = status == Status::kReplay ? row.recovery_point : nullptr;
+  result.attempts = row.attempts;
+  result.created_at = row.created_at;
+  result.expires_at = row.expires_at;
+  return result;
+}
+
+ClaimResult in_progress(int64 retry_after_us) {
+  ClaimResult result(Status::kInProgress);
+  result.retry_after_us = std::max<int64>(retry_after_us, 1000);
+  stats::count(stats::kInProgress);
+  return result;
+}
+
+// ---------------------------------------------------------------------------------------
+// claim_key
+// ---------------------------------------------------------------------------------------
+
+bool same_bytes(const bytea* a, const bytea* b) {
+  return VARSIZE_ANY_EXHDR(a) == VARSIZE_ANY_EXHDR(b) &&
+         memcmp(VARDATA_ANY(a), VARDATA_ANY(b), VARSIZE_ANY_EXHDR(a)) == 0;
+}
+
+enum class Verdict { kAbsent, kExpired, kForeign, kMismatch, kReplay, kLeased, kReclaimable };
+
+// The SPEC's status table, applied to a row as read at `now`.
+Verdict judge(const std::optional<KeyRow>& row, const bytea* fingerprint, Oid caller,
+              TimestampTz now) {
+  if (!row) return Verdict::kAbsent;
+  if (row->expires_at <= now) return Verdict::kExpired;
+  if (row->owner != caller) return Verdict::kForeign;
+  if (fingerprint != nullptr && row->fingerprint != nullptr &&
+      !same_bytes(fingerprint, row->fingerprint))
+    return Verdict::kMismatch;
+  if (row->completed) return Verdict::kReplay;
+  if (row->lease_token && row->locked_until && *row->locked_until > now) return Verdict::kLeased;
+  return Verdict::kReclaimable;
+}
+
+[[noreturn]] void reject_foreign(const KeyName& name) {
+  throw Error(ERRCODE_INSUFFICIENT_PRIVILEGE,
+              "idempotency key " + name.describe() + " belongs to another role");
+}
+
+struct ClaimRequest {
+  explicit ClaimRequest(KeyName n) : name(n) {}
+  KeyName name;
+  bytea* fingerprint = nullptr;
+  Interval ttl{};
+  Interval lease{};
+  TimestampTz deadline = 0;  // of waiting
+  Oid caller = InvalidOid;
+};
+
+// Sleeps on the latch until the next poll (interruptible; exits on postmaster death).
+void sleep_until_next_poll(int64& backoff_us, TimestampTz deadline) {
+  int64 remaining_us = deadline - GetCurrentTimestamp();
+  int64 sleep_us = std::max<int64>(std::min(backoff_us, remaining_us), 1000);
+  backoff_us = std::min<int64>(backoff_us * 2, 50 * 1000);
+  pg_call([&] {
+    (void)WaitLatch(MyLatch, WL_LATCH_SET | WL_TIMEOUT | WL_EXIT_ON_PM_DEATH, sleep_us / 1000,
+                    PG_WAIT_EXTENSION);
+    ResetLatch(MyLatch);
+    CHECK_FOR_INTERRUPTS();
+  });
+}
+
+key_store::ClaimValues claim_values(const ClaimRequest& request, TimestampTz now,
+                                    TimestampTz* ttl_expiry) {
+  key_store::ClaimValues values{};
+  values.owner = request.caller;
+  values.fingerprint = request.fingerprint;
+  values.token = *uuid_v7::generate();
+  values.now = now;
+  values.ttl = request.ttl;
+  values.locked_until = add_interval(now, request.lease);
+  *ttl_expiry = add_interval(now, request.ttl);
+  // A processing key never expires while its lease runs.
+  values.expires_at = std::max(*ttl_expiry, values.locked_until);
+  return values;
+}
+
+ClaimResult claimed_answer(Status status, const key_store::ClaimValues& values,
+                           TimestampTz ttl_expiry, int32 attempts, text* recovery_point,
+                           TimestampTz created_at, bytea* fingerprint) {
+  remember_own_claim(values.token, ttl_expiry);
+  stats::count(status == Status::kClaimed ? stats::kClaimed : stats::kReclaimed);
+  ClaimResult result(status);
+  result.token = values.token;
+  result.fingerprint = fingerprint;
+  result.recovery_point = recovery_point;
+  result.attempts = attempts;
+  result.created_at = created_at;
+  result.expires_at = values.expires_at;
+  return result;
+}
+
+ClaimResult claim(Session& store, const ClaimRequest& request) {
+  const KeyName& name = request.name;
+  int64 backoff_us = 1000;
+  int retries_without_sleep = 0;
+  for (;;) {
+    TimestampTz now = GetCurrentTimestamp();
+    std::optional<KeyRow> row = store.find(name.scope, name.key);
+    Verdict verdict = judge(row, request.fingerprint, request.caller, now);
+    switch (verdict) {
+      case Verdict::kForeign:
+        reject_foreign(name);
+      case Verdict::kMismatch:
+        stats::count(stats::kMismatched);
+        return stored_answer(Status::kMismatch, *row);
+      case Verdict::kReplay:
+        stats::count(stats::kReplayed);
+        return stored_answer(Status::kReplay, *row);
+      case Verdict::kLeased:
+        if (now >= request.deadline) return in_progress(*row->locked_until - now);
+        sleep_until_next_poll(backoff_us, request.deadline);
+        continue;
+      default:
+        break;
+    }
+
+    key_lock::Outcome lock = key_lock::try_lock(name.scope_bytes(), name.scope_length(),
+                                                name.key_bytes(), name.key_length());
+    if (lock == key_lock::Outcome::kBusy) {
+      // A claim of this key is in a transaction that is still open.
+      if (now >= request.deadline) return in_progress(USECS_PER_SEC);
+      sleep_until_next_poll(backoff_us, request.deadline);
+      continue;
+    }
+
+    // We hold the key lock: no other claim of this key is in flight.
+    TimestampTz ttl_expiry = 0;
+    if (verdict == Verdict::kAbsent) {
+      key_store::ClaimValues values = claim_values(request, now, &ttl_expiry);
+      if (store.insert(name.scope, name.key, values))
+        return claimed_answer(Status::kClaimed, values, ttl_expiry, 1, nullptr, now,
+                              request.fingerprint);
+      // A claim committed between our read and our lock; decide again from its row.
+    } else if (std::optional<KeyRow> locked = store.lock(name.scope, name.key)) {
+      Verdict current = judge(locked, request.fingerprint, request.caller, now);
+      if (current == Verdict::kExpired) {
+        key_store::ClaimValues values = claim_values(request, now, &ttl_expiry);
+        store.restart(name.scope, name.key, values);
+        return claimed_answer(Status::kClaimed, values, ttl_expiry, 1, nullptr, now,
+                              request.fingerprint);
+      }
+      if (current == Verdict::kReclaimable) {
+        key_store::ClaimValues values = claim_values(request, now, &ttl_expiry);
+        KeyRow renewed = store.reclaim(name.scope, name.key, values);
+        return claimed_answer(Status::kReclaimed, values, ttl_expiry, renewed.attempts,
+                              renewed.recovery_point, renewed.created_at, renewed.fingerprint);
+      }
+      // The row changed since we read it: decide again.
+    }
+    // Else the row is gone (cleanup) or another transaction has it locked (a cleanup batch
+    // or the old holder finishing): decide again, and wait if it persists.
+    if (lock == key_lock::Outcome::kAcquired)
+      key_lock::unlock(name.scope_bytes(), name.scope_length(), name.key_bytes(),
+                       name.key_length());
+    if (++retries_without_sleep > 2) {
+      if (now >= request.deadline) return in_progress(USECS_PER_SEC);
+      sleep_until_next_poll(backoff_us, request.deadline);
+    }
+  }
+}
+
+Datum sql_claim_key(FunctionCallInfo fcinfo) {
+  ClaimRequest request(key_arguments(fcinfo, 0, 2));
+  TimestampTz now = GetCurrentTimestamp();
+  request.fingerprint = PG_ARGISNULL(1) ? nullptr : pg_call([&] { return PG_GETARG_BYTEA_PP(1); });
+  request.ttl = positive_interval_argument(fcinfo, 3, "ttl", gucs::default_ttl_seconds, now);
+  request.lease = positive_interval_argument(fcinfo, 4, "lease", gucs::default_lease_seconds, now);
+  request.deadline = now;
+  if (!PG_ARGISNULL(5)) {
+    request.deadline = add_interval(now, *PG_GETARG_INTERVAL_P(5));
+    if (request.deadline < now)
+      throw Error(ERRCODE_INVALID_PARAMETER_VALUE, "wait must not be negative");
+  }
+  request.caller = GetOuterUserId();
+
+  Session store(fcinfo->flinfo->fn_oid);
+  ClaimResult result = claim(store, request);
+  store.finish();
+  return result_datum(fcinfo, result);
+}
+
+// ---------------------------------------------------------------------------------------
+// complete_key, release_key, checkpoint_key: fenced by the token
+// ---------------------------------------------------------------------------------------
+
+[[noreturn]] void reject_missing(const KeyName& name) {
+  throw Error(ERRCODE_NO_DATA_FOUND,
+              "idempotency key " + name.describe() + " does not exist or has expired");
+}
+
+bool same_token(const std::optional<pg_uuid_t>& stored, const pg_uuid_t& token) {
+  return stored && memcmp(stored->data, token.data, UUID_LEN) == 0;
+}
+
+// Explains why a fenced statement matched no row, by throwing; returns the row only when
+// the key was completed with this very token (the caller decides whether that is a no-op).
+KeyRow explain_fence(Session& store, const KeyName& name, const pg_uuid_t& token, Oid caller,
+                     TimestampTz now) {
+  std::optional<KeyRow> row = store.find(name.scope, name.key);
+  if (!row || row->expires_at <= now) reject_missing(name);
+  if (row->owner != caller) reject_foreign(name);
+  if (row->completed && same_token(row->lease_token, token)) return *row;
+  if (row->completed)
+    throw Error(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE,
+                "idempotency key " + name.describe() + " was completed by another claim");
+  if (!row->lease_token)
+    throw Error(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE,
+                "idempotency key " + name.describe() + " was released",
+                "A released claim cannot be completed; claim the key again.");
+  throw Error(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE,
+              "token does not hold idempotency key " + name.describe(),
+              "The key is held by attempt " + std::to_string(row->attempts) +
+                  "; this token's lease ended and the key was claimed again.");
+}
+
+bool same_response(const KeyRow& row, Jsonb* response, std::optional<int32> response_code) {
+  if (row.response_code != response_code) return false;
+  if ((row.response == nullptr) != (response == nullptr)) return false;
+  if (response == nullptr) return true;
+  return pg_call([&] { return compareJsonbContainers(&row.response->root, &response->root) == 0; });
+}
+
+Datum sql_complete_key(FunctionCallInfo fcinfo) {
+  KeyName name = key_arguments(fcinfo, 0, 4);
+  pg_uuid_t token = token_argument(fcinfo, 1);
+  key_store::Outcome outcome{};
+  if (!PG_ARGISNULL(2)) {
+    Datum raw = PG_GETARG_DATUM(2);
+    size_t size = pg_call([&] { return toast_raw_datum_size(raw); });
+    if (size > static_cast<size_t>(gucs::max_response_size))
+      throw Error(ERRCODE_PROGRAM_LIMIT_EXCEEDED, "response is too large",
+                  "The response has " + std::to_string(size) +
+                      " bytes; idempotency.max_response_size is " +
+                      std::to_string(gucs::max_response_size) + ".");
+    outcome.response = pg_call([&] { return PG_GETARG_JSONB_P(2); });
+  }
+  if (!PG_ARGISNULL(3)) outcome.response_code = PG_GETARG_INT32(3);
+  Oid caller = GetOuterUserId();
+  TimestampTz now = GetCurrentTimestamp();
+
+  Session store(fcinfo->flinfo->fn_oid);
+  // The key expires ttl after completion; in the inbox pattern the claim's own expiry is
+  // kept (same transaction, so the same moment to any other transaction).
+  std::optional<TimestampTz> expires_at = own_claim_expiry(token);
+  if (!expires_at) {
+    std::optional<KeyRow> row = store.find(name.scope, name.key);
+    if (!row || row->expires_at <= now) reject_missing(name);
+    expires_at = add_interval(now, row->ttl);
+  }
+  std::optional<KeyRow> completed =
+      store.complete(name.scope, name.key, token, caller, outcome, now, *expires_at);
+  if (!completed) {
+    KeyRow row = explain_fence(store, name, token, caller, now);
+    if (!same_response(row, outcome.response, outcome.response_code))
+      throw Error(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE,
+                  "idempotency key " + name.describe() + " was already completed with another response");
+    completed = row;  // the same completion again: a no-op success
+  } else {
+    stats::count(stats::kCompleted);
+  }
+  store.finish();
+  return result_datum(fcinfo, stored_answer(Status::kReplay, *completed));
+}
+
+Datum sql_release_key(FunctionCallInfo fcinfo) {
+  KeyName name = key_arguments(fcinfo, 0, 2);
+  pg_uuid_t token = token_argument(fcinfo, 1);
+  Oid caller = GetOuterUserId();
+  TimestampTz now = GetCurrentTimestamp();
+  Session store(fcinfo->flinfo->fn_oid);
+  if (!store.release(name.scope, name.key, token, caller, now)) {
+    (void)explain_fence(store, name, token, caller, now);
+    throw Error(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE,
+                "idempotency key " + name.describe() + " is completed and cannot be released");
+  }
+  store.finish();
+  stats::count(stats::kReleased);
+  PG_RETURN_VOID();
+}
+
+Datum sql_checkpoint_key(FunctionCallInfo fcinfo) {
+  KeyName name = key_arguments(fcinfo, 0, 3);
+  pg_uuid_t token = token_argument(fcinfo, 1);
+  text* recovery_point = PG_ARGISNULL(2) ? nullptr : text_argument(fcinfo, 2);
+  TimestampTz now = GetCurrentTimestamp();
+  Interval lease = positive_interval_argument(fcinfo, 4, "lease", gucs::default_lease_seconds, now);
+  TimestampTz locked_until = add_interval(now, lease);
+  Oid caller = GetOuterUserId();
+  Session store(fcinfo->flinfo->fn_oid);
+  if (!store.checkpoint(name.scope, name.key, token, caller, recovery_point, now, locked_until)) {
+    (void)explain_fence(store, name, token, caller, now);
+    throw Error(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE,
+                "idempotency key " + name.describe() + " is completed; there is nothing to checkpoint");
+  }
+  store.finish();
+  PG_RETURN_TIMESTAMPTZ(locked_until);
+}
+
+}  // namespace
+
+void on_load() { RegisterXactCallback(forget_own_claims, nullptr); }
+
+}  // namespace idem::claim_protocol
+
+IDEM_SQL_FUNCTION(claim_key, idem::claim_protocol::sql_claim_key)
+IDEM_SQL_FUNCTION(complete_key, idem::claim_protocol::sql_complete_key)
+IDEM_SQL_FUNCTION(release_key, idem::claim_protocol::sql_release_key)
+IDEM_SQL_FUNCTION(checkpoint_key, idem::claim_protocol::sql_checkpoint_key)

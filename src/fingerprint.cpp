@@ -1,0 +1,126 @@
+// request_fingerprint(): SHA-256 of a request payload.
+//
+// For jsonb the digest is taken over a canonical stream, so that values equal as jsonb
+// give equal fingerprints: jsonb already stores object keys sorted and de-duplicated, and
+// numbers are written in their normalized form (1.0 and 1.00 are equal jsonb values but
+// have different binary forms). Every token is tagged and length-prefixed, so no two
+// different documents can produce the same stream.
+#include "pg_boundary.hpp"
+
+namespace idem::fingerprint {
+namespace {
+
+// RAII owner of a PostgreSQL SHA-256 context.
+class Sha256 {
+ public:
+  Sha256() {
+    context_ = pg_cryptohash_create(PG_SHA256);
+    if (context_ == nullptr || pg_cryptohash_init(context_) < 0)
+      throw Error(ERRCODE_OUT_OF_MEMORY, "could not initialize SHA-256");
+  }
+  ~Sha256() { pg_cryptohash_free(context_); }
+  Sha256(const Sha256&) = delete;
+  Sha256& operator=(const Sha256&) = delete;
+
+  void update(const void* data, size_t length) {
+    if (pg_cryptohash_update(context_, static_cast<const uint8*>(data), length) < 0)
+      throw Error(ERRCODE_INTERNAL_ERROR, "could not compute SHA-256");
+  }
+  // A token: one tag byte, a 4-byte length, the bytes.
+  void token(char tag, const void* data, uint32_t length) {
+    uint8_t header[5] = {static_cast<uint8_t>(tag), static_cast<uint8_t>(length >> 24),
+                         static_cast<uint8_t>(length >> 16), static_cast<uint8_t>(length >> 8),
+                         static_cast<uint8_t>(length)};
+    update(header, sizeof header);
+    if (length > 0) update(data, length);
+  }
+  bytea* finish() {
+    auto* result = static_cast<bytea*>(palloc(VARHDRSZ + PG_SHA256_DIGEST_LENGTH));
+    SET_VARSIZE(result, VARHDRSZ + PG_SHA256_DIGEST_LENGTH);
+    if (pg_cryptohash_final(context_, reinterpret_cast<uint8*>(VARDATA(result)),
+                            PG_SHA256_DIGEST_LENGTH) < 0)
+      throw Error(ERRCODE_INTERNAL_ERROR, "could not compute SHA-256");
+    return result;
+  }
+
+ private:
+  pg_cryptohash_ctx* context_;
+};
+
+void hash_scalar(Sha256& sha, const JsonbValue& value) {
+  switch (value.type) {
+    case jbvNull:
+      sha.token('n', nullptr, 0);
+      break;
+    case jbvBool:
+      sha.token(value.val.boolean ? 't' : 'f', nullptr, 0);
+      break;
+    case jbvString:
+      sha.token('s', value.val.string.val, static_cast<uint32_t>(value.val.string.len));
+      break;
+    case jbvNumeric: {
+      const char* text = pg_call([&] { return numeric_normalize(value.val.numeric); });
+      sha.token('#', text, static_cast<uint32_t>(strlen(text)));
+      break;
+    }
+    default:
+      throw Error(ERRCODE_INTERNAL_ERROR, "unexpected jsonb scalar type");
+  }
+}
+
+bytea* of_jsonb(Jsonb* document) {
+  Sha256 sha;
+  JsonbIterator* it = JsonbIteratorInit(&document->root);
+  JsonbValue value;
+  JsonbIteratorToken token;
+  while ((token = pg_call([&] { return JsonbIteratorNext(&it, &value, false); })) != WJB_DONE) {
+    switch (token) {
+      case WJB_BEGIN_ARRAY:
+        // A raw scalar is stored as a one-element pseudo array; keep it apart from [x].
+        sha.token(value.val.array.rawScalar ? 'r' : '[', nullptr, 0);
+        break;
+      case WJB_END_ARRAY:
+        sha.token(']', nullptr, 0);
+        break;
+      case WJB_BEGIN_OBJECT:
+        sha.token('{', nullptr, 0);
+        break;
+      case WJB_END_OBJECT:
+        sha.token('}', nullptr, 0);
+        break;
+      case WJB_KEY:
+        sha.token('k', value.val.string.val, static_cast<uint32_t>(value.val.string.len));
+        break;
+      case WJB_VALUE:
+      case WJB_ELEM:
+        hash_scalar(sha, value);
+        break;
+      default:
+        throw Error(ERRCODE_INTERNAL_ERROR, "unexpected jsonb token");
+    }
+  }
+  return sha.finish();
+}
+
+bytea* of_bytes(const char* data, size_t length) {
+  Sha256 sha;
+  sha.update(data, length);
+  return sha.finish();
+}
+
+Datum sql_fingerprint_jsonb(FunctionCallInfo fcinfo) {
+  Jsonb* document = pg_call([&] { return PG_GETARG_JSONB_P(0); });
+  PG_RETURN_BYTEA_P(of_jsonb(document));
+}
+
+// text and bytea share one body: both are varlenas whose bytes are hashed as they are.
+Datum sql_fingerprint_bytes(FunctionCallInfo fcinfo) {
+  struct varlena* data = pg_call([&] { return PG_DETOAST_DATUM_PACKED(PG_GETARG_DATUM(0)); });
+  PG_RETURN_BYTEA_P(of_bytes(VARDATA_ANY(data), VARSIZE_ANY_EXHDR(data)));
+}
+
+}  // namespace
+}  // namespace idem::fingerprint
+
+IDEM_SQL_FUNCTION(request_fingerprint_jsonb, idem::fingerprint::sql_fingerprint_jsonb)
+IDEM_SQL_FUNCTION(request_fingerprint_bytes, idem::fingerprint::sql_fingerprint_bytes)

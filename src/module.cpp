@@ -1,0 +1,21 @@
+// The shared library's entry: module magic and _PG_init, which wires the parts together.
+#include "claim_protocol.hpp"
+#include "cleanup_worker.hpp"
+#include "gucs.hpp"
+#include "pg_boundary.hpp"
+#include "stats.hpp"
+
+extern "C" {
+PG_MODULE_MAGIC;
+
+void _PG_init(void);
+void _PG_init(void) {
+  idem::gucs::define();
+  idem::claim_protocol::on_load();
+  // Shared memory and the background worker exist only when the postmaster loads us.
+  if (process_shared_preload_libraries_in_progress) {
+    idem::stats::install_shared_memory_hooks();
+    idem::cleanup_worker::register_launcher();
+  }
+}
+}
