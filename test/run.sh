@@ -1,0 +1,286 @@
+#!/usr/bin/env bash
+# What `make test` (and CI) runs: installs missing packages, builds and installs the
+# extension, then runs every test suite, each discovered from files:
+#
+#   regress    sql/*.sql vs expected/*.out            pg_regress, temp instance
+#   isolation  test/isolation/specs/*.spec            pg_isolation_regress, temp instance
+#   pgtap      test/pgtap/*.sql                       pg_prove, a fresh database per file
+#   tap        test/t/*.pl                            prove + PostgreSQL::Test::Cluster
+#   suites     test/suites/*.sh                       bash; last line "N passed, N failed"
+#
+# Usage: test/run.sh [SUITE[:NAME]]...   e.g.  test/run.sh regress pgtap:uuid_v7
+# No argument runs everything. Ends with one line "N passed, N failed"; exits non-zero
+# when anything failed or a suite could not run. Counting: one per regress test, per
+# isolation spec, per pgTAP assertion, per TAP file, plus the extra suites' own counts.
+set -uo pipefail
+source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
+
+SUITE_TIMEOUT="${IDEM_SUITE_TIMEOUT:-900}"
+TOTAL_PASSED=0
+TOTAL_FAILED=0
+SUMMARY=()
+
+# --- selection -------------------------------------------------------------------------
+
+declare -A WANT=()
+for arg in "$@"; do
+  case "${arg%%:*}" in
+    regress | isolation | pgtap | tap | suites) ;;
+    *) idem_die "unknown suite '${arg%%:*}' (regress, isolation, pgtap, tap, suites)" ;;
+  esac
+  WANT["${arg%%:*}"]+="${arg#*:} "
+  [[ $arg == *:* ]] || WANT["$arg"]="*"
+done
+wanted_suite() { (($# == 0)) && return 1; [[ ${#WANT[@]} == 0 || -n ${WANT[$1]:-} ]]; }
+# wanted NAME SUITE: is this test of SUITE selected?
+wanted() {
+  [[ ${#WANT[@]} == 0 ]] && return 0
+  local sel="${WANT[$2]:-}" w
+  for w in $sel; do [[ $w == "*" || $w == "$1" ]] && return 0; done
+  return 1
+}
+
+# --- helpers ---------------------------------------------------------------------------
+
+record() { # SUITE PASSED FAILED NOTE
+  TOTAL_PASSED=$((TOTAL_PASSED + $2))
+  TOTAL_FAILED=$((TOTAL_FAILED + $3))
+  SUMMARY+=("$(printf '%-10s %4d passed, %4d failed  %s' "$1" "$2" "$3" "${4:-}")")
+  printf '%s: %d passed, %d failed %s\n\n' "$1" "$2" "$3" "${4:-}"
+}
+
+indent() { sed -u 's/^/    /'; }
+
+# run_child LOG CMD...: runs CMD in its own process group (so that the EXIT trap can end
+# all of it), with a timeout, its output indented on stdout and kept in LOG.
+run_child() {
+  local log="$1" rc
+  shift
+  set -m
+  (
+    set +m
+    timeout --foreground -k 10 "$SUITE_TIMEOUT" "$@" 2>&1 | tee "$log" | indent
+    exit "${PIPESTATUS[0]}"
+  ) &
+  local pid=$!
+  set +m
+  IDEM_BG_PIDS+=("$pid")
+  wait "$pid"
+  rc=$?
+  local -a keep=()
+  local p
+  for p in "${IDEM_BG_PIDS[@]}"; do [[ $p == "$pid" ]] || keep+=("$p"); done
+  IDEM_BG_PIDS=("${keep[@]}")
+  ((rc == 124)) && printf '    (timed out after %ss)\n' "$SUITE_TIMEOUT"
+  return "$rc"
+}
+
+show_file() { # TITLE FILE [LINES]
+  [[ -s $2 ]] || return 0
+  printf '    --- %s (%s, last %s lines) ---\n' "$1" "$2" "${3:-60}"
+  tail -n "${3:-60}" "$2" | indent
+}
+
+# Parses pg_regress / pg_isolation_regress output (PostgreSQL 15 and 16+ formats) into
+# "PASSED FAILED".
+count_regress_output() {
+  awk '
+    /^(test| ) *[^ ]+ +\.\.\. +ok/ { p++; next }
+    /^(test| ) *[^ ]+ +\.\.\. +failed \(ignored\)/ { p++; next }
+    /^(test| ) *[^ ]+ +\.\.\. +FAILED/ { f++; next }
+    /^ok +[0-9]+ +[-+] / { p++; next }
+    /^not ok +[0-9]+ +[-+] / { f++; next }
+    END { printf "%d %d\n", p, f }' "$1"
+}
+
+# --- pg_regress and pg_isolation_regress -------------------------------------------------
+
+# run_regress_like SUITE TOOL INPUTDIR SUBDIR EXT TESTS...
+run_regress_like() {
+  local suite="$1" tool="$2" inputdir="$3" out="$IDEM_SCRATCH/$suite"
+  shift 3
+  local -a tests=("$@")
+  echo "== $suite: ${#tests[@]} test(s) (${tests[*]})"
+  as_pg mkdir -p "$out"
+  local rc=0
+  run_child "$out/run.log" as_pg "$tool" \
+    --temp-instance="$out/tmp_check" \
+    --temp-config="$IDEM_SRC/test/regress.conf" \
+    --inputdir="$inputdir" --outputdir="$out" \
+    --bindir="$IDEM_PG_BIN" \
+    --dbname=contrib_regression --load-extension=idempotency \
+    --encoding=UTF8 --no-locale \
+    "${tests[@]}" || rc=$?
+  local passed failed
+  read -r passed failed < <(count_regress_output "$out/run.log")
+  local note=""
+  if ((passed + failed == 0)); then
+    failed=1 note="(could not run: exit $rc)"
+    show_file "initdb log" "$out/log/initdb.log" 30
+    show_file "server log" "$out/log/postmaster.log" 30
+  elif ((rc != 0 && failed == 0)); then
+    failed=1 note="(exit $rc)"
+  fi
+  if ((failed > 0)); then
+    show_file "diffs" "$out/regression.diffs" 200
+  fi
+  record "$suite" "$passed" "$failed" "$note"
+}
+
+suite_regress() {
+  local -a tests=()
+  local f name
+  for f in "$IDEM_SRC"/sql/*.sql; do
+    [[ -e $f ]] || continue
+    name="$(basename "$f" .sql)"
+    wanted "$name" regress && tests+=("$name")
+  done
+  if ((${#tests[@]} == 0)); then record regress 0 0 "(no tests)"; return; fi
+  run_regress_like regress "$IDEM_PG_REGRESS" "$IDEM_SRC" "${tests[@]}"
+}
+
+suite_isolation() {
+  local -a tests=()
+  local f name
+  for f in "$IDEM_SRC"/test/isolation/specs/*.spec; do
+    [[ -e $f ]] || continue
+    name="$(basename "$f" .spec)"
+    wanted "$name" isolation && tests+=("$name")
+  done
+  if ((${#tests[@]} == 0)); then
+    echo "== isolation: no specs in test/isolation/specs/"
+    record isolation 0 0 "(no specs yet)"
+    return
+  fi
+  run_regress_like isolation "$IDEM_PG_ISOLATION_REGRESS" "$IDEM_SRC/test/isolation" "${tests[@]}"
+}
+
+# --- pgTAP -------------------------------------------------------------------------------
+
+suite_pgtap() {
+  local -a files=()
+  local f
+  for f in "$IDEM_SRC"/test/pgtap/*.sql; do
+    [[ -e $f ]] && wanted "$(basename "$f" .sql)" pgtap && files+=("$f")
+  done
+  if ((${#files[@]} == 0)); then record pgtap 0 0 "(no files)"; return; fi
+  echo "== pgtap: ${#files[@]} file(s), counting assertions"
+  local dir="$IDEM_SCRATCH/pgtap"
+  cluster_start "$dir" "" "idempotency.cleanup_interval = '1s'"
+  local passed=0 failed=0 name db log rc ok notok plan missing
+  for f in "${files[@]}"; do
+    name="$(basename "$f" .sql)"
+    db="pgtap_${name//[^a-zA-Z0-9_]/_}"
+    log="$dir/$name.log"
+    echo "  -- $name"
+    if ! pg_psql -d postgres -c "DROP DATABASE IF EXISTS $db WITH (FORCE)" -c "CREATE DATABASE $db" ||
+      ! pg_psql -d "$db" -c 'CREATE EXTENSION pgtap' -c 'CREATE EXTENSION idempotency'; then
+      echo "    could not prepare database $db"
+      failed=$((failed + 1))
+      continue
+    fi
+    rc=0
+    run_child "$log" as_pg pg_prove --verbose --failures --timer \
+      -h "$PGHOST" -p "$PGPORT" -U postgres -d "$db" "$f" || rc=$?
+    ok=$(grep -cE '^ok [0-9]+' "$log")
+    notok=$(grep -E '^not ok [0-9]+' "$log" | grep -vc '# TODO')
+    plan=$(sed -nE 's/^1\.\.([0-9]+).*/\1/p' "$log" | head -1)
+    missing=0
+    [[ -n $plan ]] && ((plan > ok + notok)) && missing=$((plan - ok - notok))
+    ((rc != 0 && notok + missing == 0)) && missing=1
+    passed=$((passed + ok))
+    failed=$((failed + notok + missing))
+    ((missing > 0)) && echo "    $name: $missing assertion(s) did not run or the file failed (exit $rc)"
+    pg_psql -d postgres -c "DROP DATABASE IF EXISTS $db WITH (FORCE)" || true
+  done
+  ((failed > 0)) && show_file "server log" "$dir/server.log" 40
+  cluster_stop "$dir"
+  record pgtap "$passed" "$failed" "(assertions)"
+}
+
+# --- Perl TAP (PostgreSQL::Test::Cluster) ------------------------------------------------
+
+suite_tap() {
+  local -a files=()
+  local f
+  for f in "$IDEM_SRC"/test/t/*.pl; do
+    [[ -e $f ]] && wanted "$(basename "$f" .pl)" tap && files+=("$f")
+  done
+  if ((${#files[@]} == 0)); then record tap 0 0 "(no files)"; return; fi
+  echo "== tap: ${#files[@]} file(s), counting files"
+  local passed=0 failed=0 name testdir rc
+  for f in "${files[@]}"; do
+    name="$(basename "$f" .pl)"
+    testdir="$IDEM_SCRATCH/tap/$name"
+    as_pg mkdir -p "$testdir"
+    rc=0
+    # What PostgreSQL's own `make check` (prove_check) sets for Cluster.pm in PG 15.
+    run_child "$testdir/prove.log" as_pg env \
+      PERL5LIB="$IDEM_PERL_TEST_LIB${PERL5LIB:+:$PERL5LIB}" \
+      PG_REGRESS="$IDEM_PG_REGRESS" \
+      TESTDIR="$testdir" TESTDATADIR="$testdir/tmp_check" \
+      TEMP_CONFIG="$IDEM_SRC/test/regress.conf" \
+      PG_TEST_TIMEOUT_DEFAULT="${PG_TEST_TIMEOUT_DEFAULT:-120}" \
+      IDEM_SRC="$IDEM_SRC" \
+      prove --verbose --timer "$f" || rc=$?
+    if ((rc == 0)); then
+      passed=$((passed + 1))
+    else
+      failed=$((failed + 1))
+      local log
+      for log in "$testdir"/tmp_check/log/*; do
+        [[ -f $log ]] && show_file "$(basename "$log")" "$log" 40
+      done
+    fi
+  done
+  record tap "$passed" "$failed" "(files)"
+}
+
+# --- extra suites (test/suites/*.sh) ----------------------------------------------------
+
+suite_suites() {
+  local f name dir rc p fl line
+  local found=0
+  for f in "$IDEM_ROOT"/test/suites/*.sh; do
+    [[ -e $f ]] || continue
+    name="$(basename "$f" .sh)"
+    wanted "$name" suites || continue
+    found=1
+    echo "== suite $name"
+    dir="$IDEM_SCRATCH/suites/$name"
+    mkdir -p "$dir"
+    idem_is_root && chown postgres: "$dir"
+    rc=0
+    # Each suite gets its own scratch dir; the build is done already.
+    run_child "$IDEM_SCRATCH/suites/$name.log" env IDEM_SCRATCH="$dir" IDEM_SRC="$IDEM_SRC" \
+      IDEM_BUILT=1 bash "$f" || rc=$?
+    line="$(grep -E '^[0-9]+ passed, [0-9]+ failed$' "$IDEM_SCRATCH/suites/$name.log" | tail -1)"
+    if [[ -n $line ]]; then
+      read -r p _ fl _ <<<"$line"
+      ((rc != 0 && fl == 0)) && fl=1 && echo "    (exit $rc although it reported no failure)"
+      record "suite:$name" "$p" "$fl"
+    else
+      record "suite:$name" 0 1 "(no summary line; exit $rc)"
+    fi
+    idem_stop_servers_under "$dir"
+  done
+  ((found)) || record suites 0 0 "(none in test/suites/)"
+}
+
+# --- main --------------------------------------------------------------------------------
+
+START=$SECONDS
+ensure_packages
+build_and_install
+idem_scratch_init
+echo "scratch: $IDEM_SCRATCH"
+echo
+
+for suite in regress isolation pgtap tap suites; do
+  wanted_suite "$suite" && "suite_$suite"
+done
+
+echo "== summary ($((SECONDS - START)) s)"
+printf '  %s\n' "${SUMMARY[@]}"
+echo "$TOTAL_PASSED passed, $TOTAL_FAILED failed"
+((TOTAL_FAILED == 0))
