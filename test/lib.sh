@@ -126,6 +126,8 @@ as_pg() {
   fi
 }
 
+export -f as_pg idem_is_root
+
 # Can the postgres user traverse every directory down to $1?
 idem_pg_can_reach() {
   if idem_is_root; then runuser -u postgres -- test -x "$1" 2>/dev/null; else test -x "$1"; fi

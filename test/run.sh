@@ -29,14 +29,14 @@ for arg in "$@"; do
     *) idem_die "unknown suite '${arg%%:*}' (regress, isolation, pgtap, tap, suites)" ;;
   esac
   WANT["${arg%%:*}"]+="${arg#*:} "
-  [[ $arg == *:* ]] || WANT["$arg"]="*"
+  [[ $arg == *:* ]] || WANT["$arg"]="ALL"
 done
 wanted_suite() { (($# == 0)) && return 1; [[ ${#WANT[@]} == 0 || -n ${WANT[$1]:-} ]]; }
 # wanted NAME SUITE: is this test of SUITE selected?
 wanted() {
   [[ ${#WANT[@]} == 0 ]] && return 0
   local sel="${WANT[$2]:-}" w
-  for w in $sel; do [[ $w == "*" || $w == "$1" ]] && return 0; done
+  for w in $sel; do [[ $w == ALL || $w == "$1" ]] && return 0; done
   return 1
 }
 
@@ -59,6 +59,8 @@ run_child() {
   set -m
   (
     set +m
+    # timeout runs programs only: shell functions (as_pg) go through an exported copy.
+    if declare -F "$1" >/dev/null; then set -- bash -c '"$@"' run_child "$@"; fi
     timeout --foreground -k 10 "$SUITE_TIMEOUT" "$@" 2>&1 | tee "$log" | indent
     exit "${PIPESTATUS[0]}"
   ) &
