@@ -1,0 +1,236 @@
+-- pgTAP: the claim protocol's state machine, fencing, security, fingerprints and settings.
+-- Run by test/run.sh in a fresh database with pgtap and idempotency installed.
+\set ON_ERROR_STOP 1
+\pset format unaligned
+\pset tuples_only on
+SET client_min_messages = warning;
+
+SELECT plan(113);
+
+-------------------------------------------------------------------------------
+-- 1. A hostile search_path changes nothing (before any other call in this backend, so
+--    that the statements are prepared under it).
+-------------------------------------------------------------------------------
+CREATE SCHEMA hostile;
+CREATE FUNCTION hostile.text_eq(text, text) RETURNS boolean LANGUAGE plpgsql AS
+  $$BEGIN RAISE EXCEPTION 'hostile operator called'; END$$;
+CREATE OPERATOR hostile.= (LEFTARG = text, RIGHTARG = text, FUNCTION = hostile.text_eq);
+CREATE FUNCTION hostile.now() RETURNS timestamptz LANGUAGE sql AS $$SELECT '2000-01-01'::timestamptz$$;
+SET search_path = hostile, pg_catalog, public;
+CREATE TEMP TABLE hostile_run AS
+  SELECT 1 AS n, status FROM public.claim_key('sp-1')
+  UNION ALL SELECT 2, status FROM public.claim_key('sp-1');
+RESET search_path;
+SELECT is((SELECT status FROM hostile_run WHERE n = 1), 'claimed', 'hostile search_path: claim works');
+SELECT is((SELECT status FROM hostile_run WHERE n = 2), 'in_progress', 'hostile search_path: the duplicate is seen');
+SELECT ok((SELECT created_at > '2020-01-01' FROM idempotency_keys WHERE key = 'sp-1'),
+          'hostile search_path: times come from the server clock');
+SELECT is((claim_key('sp-1')).status, 'in_progress', 'normal search_path afterwards');
+
+-------------------------------------------------------------------------------
+-- 2. Objects
+-------------------------------------------------------------------------------
+SELECT has_table('idempotency_keys');
+SELECT col_is_pk('idempotency_keys', ARRAY['scope', 'key']);
+SELECT has_index('idempotency_keys', 'idempotency_keys_expires_at_idx', 'expires_at');
+SELECT has_column('idempotency_keys', c) FROM unnest(ARRAY['fingerprint', 'status', 'response',
+  'response_code', 'recovery_point', 'lease_token', 'locked_until', 'attempts', 'owner',
+  'created_at', 'updated_at', 'expires_at']) AS c;
+SELECT col_type_is('idempotency_keys', 'status', 'key_status');
+SELECT is((SELECT collname FROM pg_attribute a JOIN pg_collation c ON c.oid = a.attcollation
+            WHERE attrelid = 'idempotency_keys'::regclass AND attname = 'key'),
+          'C', 'key is compared in the C collation');
+SELECT enum_has_labels('claim_status', ARRAY['claimed', 'reclaimed', 'replay', 'mismatch', 'in_progress']);
+SELECT enum_has_labels('key_status', ARRAY['processing', 'completed']);
+SELECT is_definer(f) FROM unnest(ARRAY['claim_key', 'complete_key', 'release_key', 'checkpoint_key']) AS f;
+SELECT ok((SELECT extconfig @> ARRAY['idempotency_keys'::regclass::oid] FROM pg_extension
+            WHERE extname = 'idempotency'), 'pg_dump keeps the rows (pg_extension_config_dump)');
+SELECT ok(NOT has_table_privilege('public', 'idempotency_keys', 'SELECT,INSERT,UPDATE,DELETE'),
+          'PUBLIC has no right on the table');
+SELECT is((SELECT count(*)::int FROM pg_depend d
+             JOIN pg_extension e ON d.refobjid = e.oid AND e.extname = 'idempotency'
+            WHERE d.deptype = 'e' AND d.classid IN ('pg_proc'::regclass, 'pg_class'::regclass, 'pg_type'::regclass)
+              AND obj_description(d.objid, d.classid::regclass::text) IS NULL
+              AND NOT (d.classid = 'pg_type'::regclass AND EXISTS (
+                SELECT 1 FROM pg_type t WHERE t.oid = d.objid AND (t.typrelid <> 0 AND t.typtype = 'c' AND
+                  EXISTS (SELECT 1 FROM pg_class r WHERE r.oid = t.typrelid AND r.relkind <> 'c'))
+                  OR (t.oid = d.objid AND t.typcategory = 'A')))),
+          0, 'every function, table, view and type has a COMMENT');
+
+-------------------------------------------------------------------------------
+-- 3. The state machine
+-------------------------------------------------------------------------------
+CREATE TEMP TABLE t AS SELECT * FROM claim_key('sm-1', request_fingerprint('{"a": 1}'::jsonb), ttl => '2 hours', lease => '10 min');
+SELECT is((SELECT status FROM t), 'claimed', 'new key: claimed');
+SELECT is((SELECT attempts FROM t), 1, 'claimed: attempts 1');
+SELECT ok((SELECT uuid_v7_time(token) IS NOT NULL FROM t), 'claimed: the token is a UUIDv7');
+SELECT is((SELECT expires_at - created_at FROM t), '2 hours'::interval, 'claimed: expires after ttl');
+SELECT is((SELECT fingerprint FROM t), request_fingerprint('{"a": 1}'::jsonb), 'claimed: the fingerprint is returned');
+SELECT is((SELECT response FROM t), NULL, 'claimed: no response');
+SELECT is((SELECT owner FROM idempotency_keys WHERE key = 'sm-1'), (SELECT oid FROM pg_roles WHERE rolname = current_user),
+          'the row belongs to the calling role');
+SELECT is((SELECT locked_until - created_at FROM idempotency_keys WHERE key = 'sm-1'), '10 min'::interval, 'the lease is as asked');
+
+CREATE TEMP TABLE d AS SELECT * FROM claim_key('sm-1', request_fingerprint('{"a": 1}'::jsonb));
+SELECT is((SELECT status FROM d), 'in_progress', 'held key: in_progress');
+SELECT ok((SELECT retry_after > '9 min' AND retry_after <= '10 min' FROM d), 'in_progress: retry_after is the rest of the lease');
+SELECT is((SELECT token FROM d), NULL, 'in_progress: no token revealed');
+
+SELECT is((SELECT status FROM claim_key('sm-1', request_fingerprint('{"a": 2}'::jsonb))), 'mismatch',
+          'held key, other payload: mismatch');
+
+SELECT is((SELECT status FROM complete_key('sm-1', (SELECT token FROM t), '{"id": "ch_1"}', 201)), 'replay',
+          'complete_key answers replay');
+SELECT is((SELECT expires_at - updated_at FROM idempotency_keys WHERE key = 'sm-1'), '2 hours'::interval,
+          'completion moves expires_at to completion + ttl');
+CREATE TEMP TABLE before_replay AS SELECT xmin::text AS x, ctid::text AS c, updated_at FROM idempotency_keys WHERE key = 'sm-1';
+CREATE TEMP TABLE r AS SELECT * FROM claim_key('sm-1', request_fingerprint('{ "a":1 }'::jsonb));
+SELECT is((SELECT status FROM r), 'replay', 'completed key, same payload: replay');
+SELECT is((SELECT response FROM r), '{"id": "ch_1"}'::jsonb, 'replay: the stored response');
+SELECT is((SELECT response_code FROM r), 201, 'replay: the stored response code');
+SELECT is((SELECT token FROM r), NULL, 'replay: no token');
+SELECT ok((SELECT x = k.xmin::text AND c = k.ctid::text AND b.updated_at = k.updated_at
+             FROM before_replay b, idempotency_keys k WHERE k.key = 'sm-1'), 'a replay writes nothing');
+SELECT is((SELECT status FROM claim_key('sm-1')), 'replay', 'NULL fingerprint: not checked, replay');
+CREATE TEMP TABLE m AS SELECT * FROM claim_key('sm-1', request_fingerprint('{"a": 3}'::jsonb));
+SELECT is((SELECT status FROM m), 'mismatch', 'completed key, other payload: mismatch');
+SELECT is((SELECT response FROM m), NULL, 'mismatch: no response');
+SELECT is((SELECT response_code FROM m), NULL, 'mismatch: no response code');
+SELECT is((SELECT fingerprint FROM m), request_fingerprint('{"a": 1}'::jsonb), 'mismatch: the stored fingerprint');
+
+-- release -> reclaimed; checkpoint keeps the recovery point
+CREATE TEMP TABLE c1 AS SELECT * FROM claim_key('sm-2', request_fingerprint('job'::text));
+SELECT ok(checkpoint_key('sm-2', (SELECT token FROM c1), 'charged', lease => '20 min')
+            BETWEEN clock_timestamp() + '19 min' AND clock_timestamp() + '20 min', 'checkpoint_key returns the new lease end');
+SELECT is((SELECT recovery_point FROM idempotency_keys WHERE key = 'sm-2'), 'charged', 'checkpoint stores the recovery point');
+SELECT lives_ok(format('SELECT release_key(%L, %L)', 'sm-2', (SELECT token FROM c1)), 'release_key with the token');
+SELECT is((SELECT lease_token FROM idempotency_keys WHERE key = 'sm-2'), NULL, 'a released key has no holder');
+CREATE TEMP TABLE c2 AS SELECT * FROM claim_key('sm-2', request_fingerprint('job'::text));
+SELECT is((SELECT status FROM c2), 'reclaimed', 'released key: reclaimed at once');
+SELECT is((SELECT attempts FROM c2), 2, 'reclaimed: attempts 2');
+SELECT is((SELECT recovery_point FROM c2), 'charged', 'reclaimed: the recovery point is kept');
+SELECT isnt((SELECT token FROM c2), (SELECT token FROM c1), 'reclaimed: a new token');
+SELECT ok((SELECT c2.token > c1.token FROM c1, c2), 'tokens increase (UUIDv7)');
+
+-- lease expiry -> reclaimed; expiry -> claimed afresh
+CREATE TEMP TABLE l1 AS SELECT * FROM claim_key('sm-3', lease => '1 microsecond');
+SELECT is((SELECT status FROM claim_key('sm-3')), 'reclaimed', 'lease ended: reclaimed');
+CREATE TEMP TABLE e1 AS SELECT * FROM claim_key('sm-4', ttl => '50 milliseconds', lease => '1 hour');
+SELECT lives_ok(format('SELECT complete_key(%L, %L, %L)', 'sm-4', (SELECT token FROM e1), '{"old": true}'),
+                'complete a short-lived key');
+DO $$BEGIN PERFORM pg_sleep(0.1); END$$;  -- past its expiry: a fixed deadline, not a race
+CREATE TEMP TABLE e2 AS SELECT * FROM claim_key('sm-4');
+SELECT is((SELECT status FROM e2), 'claimed', 'expired key: claimed afresh without any cleanup');
+SELECT is((SELECT attempts FROM e2), 1, 'expired key: attempts start again');
+SELECT is((SELECT response FROM idempotency_keys WHERE key = 'sm-4'), NULL, 'expired key: the old response is gone');
+SELECT is((SELECT status::text FROM idempotency_keys WHERE key = 'sm-4'), 'processing', 'expired key: processing again');
+
+-- a processing key never expires while its lease runs
+CREATE TEMP TABLE p1 AS SELECT * FROM claim_key('sm-5', ttl => '1 second', lease => '1 hour');
+SELECT ok((SELECT expires_at >= created_at + '1 hour' FROM p1), 'a lease longer than the ttl extends the expiry');
+
+-------------------------------------------------------------------------------
+-- 4. Fencing
+-------------------------------------------------------------------------------
+CREATE TEMP TABLE f1 AS SELECT * FROM claim_key('fx', lease => '1 microsecond');
+CREATE TEMP TABLE f2 AS SELECT * FROM claim_key('fx');
+SELECT is((SELECT status FROM f2), 'reclaimed', 'fencing: reclaimed after the lease');
+CREATE TEMP TABLE fx_before AS SELECT k::text AS row_text FROM idempotency_keys k WHERE key = 'fx';
+SELECT throws_ok(format('SELECT complete_key(%L, %L, %L)', 'fx', (SELECT token FROM f1), '{}'), '55000', NULL,
+                 'stale token: complete_key fails');
+SELECT throws_ok(format('SELECT checkpoint_key(%L, %L, %L)', 'fx', (SELECT token FROM f1), 'x'), '55000', NULL,
+                 'stale token: checkpoint_key fails');
+SELECT throws_ok(format('SELECT release_key(%L, %L)', 'fx', (SELECT token FROM f1)), '55000', NULL,
+                 'stale token: release_key fails');
+SELECT is((SELECT k::text FROM idempotency_keys k WHERE key = 'fx'), (SELECT row_text FROM fx_before),
+          'stale calls changed nothing');
+SELECT is((SELECT status FROM complete_key('fx', (SELECT token FROM f2), '{"n": 1}')), 'replay', 'the current holder completes');
+CREATE TEMP TABLE fx_done AS SELECT xmin::text AS x FROM idempotency_keys WHERE key = 'fx';
+SELECT is((SELECT response FROM complete_key('fx', (SELECT token FROM f2), '{"n": 1}')), '{"n": 1}'::jsonb,
+          'the same completion again is a no-op success');
+SELECT is((SELECT xmin::text FROM idempotency_keys WHERE key = 'fx'), (SELECT x FROM fx_done), 'the no-op wrote nothing');
+SELECT throws_ok(format('SELECT complete_key(%L, %L, %L)', 'fx', (SELECT token FROM f2), '{"n": 2}'), '55000', NULL,
+                 'another response for a completed key is refused');
+SELECT throws_ok(format('SELECT complete_key(%L, %L, %L)', 'nope', gen_uuid_v7(), '{}'), 'P0002', NULL,
+                 'unknown key: P0002');
+
+-------------------------------------------------------------------------------
+-- 5. Inbox pattern inside savepoints: a rolled-back claim is gone
+-------------------------------------------------------------------------------
+BEGIN;
+SAVEPOINT a;
+SELECT is((SELECT status FROM claim_key('ib-1')), 'claimed', 'claim inside a savepoint');
+ROLLBACK TO SAVEPOINT a;
+SELECT is((SELECT count(*)::int FROM idempotency_keys WHERE key = 'ib-1'), 0, 'rolled back: no row');
+SELECT is((SELECT status FROM claim_key('ib-1')), 'claimed', 'a retry claims afresh');
+COMMIT;
+
+-------------------------------------------------------------------------------
+-- 6. Fingerprints
+-------------------------------------------------------------------------------
+SELECT is(length(request_fingerprint('{}'::jsonb)), 32, 'SHA-256: 32 bytes');
+SELECT is(request_fingerprint('abc'::text), sha256('abc'::bytea), 'text: SHA-256 of its bytes');
+SELECT is(request_fingerprint('\x0001ff'::bytea), sha256('\x0001ff'::bytea), 'bytea: SHA-256 of the bytes');
+SELECT is(request_fingerprint('{"b": 2, "a": [1, {"y": true, "x": null}]}'::jsonb),
+          request_fingerprint('{"a":[1,{"x":null,"y":true}],"b":2}'::jsonb), 'jsonb: key order and spacing do not matter');
+SELECT is(request_fingerprint('{"amount": 1.0}'::jsonb), request_fingerprint('{"amount": 1.00}'::jsonb),
+          'jsonb: equal numbers give equal fingerprints');
+SELECT is(request_fingerprint('{"a": 1, "a": 2}'::jsonb), request_fingerprint('{"a": 2}'::jsonb),
+          'jsonb: duplicate keys as jsonb keeps them');
+SELECT isnt(request_fingerprint('[1, 2]'::jsonb), request_fingerprint('[2, 1]'::jsonb), 'jsonb: array order matters');
+SELECT isnt(request_fingerprint('"a"'::jsonb), request_fingerprint('["a"]'::jsonb), 'jsonb: a scalar is not a one-element array');
+SELECT isnt(request_fingerprint('{"a": "1"}'::jsonb), request_fingerprint('{"a": 1}'::jsonb), 'jsonb: a string is not a number');
+SELECT isnt(request_fingerprint('{"ab": "c"}'::jsonb), request_fingerprint('{"a": "bc"}'::jsonb), 'jsonb: token boundaries count');
+SELECT is(request_fingerprint(NULL::jsonb), NULL, 'NULL payload: NULL fingerprint');
+
+-------------------------------------------------------------------------------
+-- 7. Security: an application role without any right on the table
+-------------------------------------------------------------------------------
+DROP ROLE IF EXISTS tap_app_a;
+DROP ROLE IF EXISTS tap_app_b;
+CREATE ROLE tap_app_a;
+CREATE ROLE tap_app_b;
+SET ROLE tap_app_a;
+CREATE TEMP TABLE a1 AS SELECT * FROM claim_key('sec-1', request_fingerprint('p'::text));
+GRANT SELECT ON a1 TO PUBLIC;
+SELECT is((SELECT status FROM a1), 'claimed', 'an application role can claim');
+SELECT is((SELECT status FROM complete_key('sec-1', (SELECT token FROM a1), '{"ok": 1}')), 'replay', 'and complete');
+SELECT is((SELECT status FROM claim_key('sec-1', request_fingerprint('p'::text))), 'replay', 'and replay');
+SELECT throws_ok('SELECT * FROM idempotency_keys', '42501', NULL, 'but cannot read the table');
+SELECT throws_ok($$UPDATE idempotency_keys SET response = '{}'$$, '42501', NULL, 'nor update it');
+SELECT throws_ok('DELETE FROM idempotency_keys', '42501', NULL, 'nor delete from it');
+SELECT throws_ok($$INSERT INTO idempotency_keys (key, owner, ttl, created_at, expires_at, updated_at)
+                   VALUES ('x', 1, '1h', now(), now(), now())$$, '42501', NULL, 'nor insert into it');
+SELECT throws_ok('SELECT idempotency_cleanup()', '42501', NULL, 'nor run the cleanup');
+RESET ROLE;
+SELECT is((SELECT owner FROM idempotency_keys WHERE key = 'sec-1'), 'tap_app_a'::regrole::oid,
+          'owner is the caller, not the SECURITY DEFINER owner');
+SET ROLE tap_app_b;
+SELECT throws_ok($$SELECT claim_key('sec-1', request_fingerprint('p'::text))$$, '42501', NULL,
+                 'another role: 42501');
+SELECT throws_ok(format('SELECT complete_key(%L, %L, %L)', 'sec-1', (SELECT token FROM a1), '{}'), '42501', NULL,
+                 'another role cannot complete with a stolen token');
+SELECT is((SELECT status FROM claim_key('sec-1', scope => 'tenant-b')), 'claimed', 'another scope is another key');
+RESET ROLE;
+DROP TABLE a1;
+SELECT lives_ok('DROP OWNED BY tap_app_a, tap_app_b; DROP ROLE tap_app_a; DROP ROLE tap_app_b', 'roles dropped');
+
+-------------------------------------------------------------------------------
+-- 8. Settings
+-------------------------------------------------------------------------------
+SET idempotency.default_ttl = '3h';
+SET idempotency.default_lease = '90s';
+CREATE TEMP TABLE g1 AS SELECT * FROM claim_key('guc-1');
+SELECT is((SELECT expires_at - created_at FROM g1), '3 hours'::interval, 'idempotency.default_ttl applies');
+SELECT is((SELECT locked_until - created_at FROM idempotency_keys WHERE key = 'guc-1'), '90 seconds'::interval,
+          'idempotency.default_lease applies');
+RESET idempotency.default_ttl;
+RESET idempotency.default_lease;
+SELECT throws_ok($$SET idempotency.default_ttl = '-5'$$, '22023', NULL, 'a bad setting is refused');
+SET idempotency.max_key_length = 4;
+SELECT throws_ok($$SELECT claim_key('12345')$$, '22001', NULL, 'idempotency.max_key_length applies');
+RESET idempotency.max_key_length;
+SELECT is((SELECT status FROM claim_key(repeat('k', 255))), 'claimed', 'a key of exactly 255 bytes is accepted');
+SELECT throws_ok($$SELECT claim_key(repeat('k', 256))$$, '22001', NULL, 'a key of 256 bytes is refused');
+
+SELECT * FROM finish();
