@@ -175,7 +175,8 @@ suite_pgtap() {
     db="pgtap_${name//[^a-zA-Z0-9_]/_}"
     log="$dir/$name.log"
     echo "  -- $name"
-    if ! pg_psql -d postgres -c "DROP DATABASE IF EXISTS $db WITH (FORCE)" -c "CREATE DATABASE $db" ||
+    if ! pg_psql -d postgres -c "SET client_min_messages = warning" \
+      -c "DROP DATABASE IF EXISTS $db WITH (FORCE)" -c "CREATE DATABASE $db" ||
       ! pg_psql -d "$db" -c 'CREATE EXTENSION pgtap' -c 'CREATE EXTENSION idempotency'; then
       echo "    could not prepare database $db"
       failed=$((failed + 1))
