@@ -1,0 +1,179 @@
+// An HTTP endpoint that honours the IETF `Idempotency-Key` header
+// (draft-ietf-httpapi-idempotency-key-header) with the idempotency PostgreSQL extension.
+//
+//   POST /payments   {"account": "alice", "amount": 100}   Idempotency-Key: <unique key>
+//   GET  /accounts/:id                                     (safe: needs no key)
+//
+// Pattern: INBOX. The effect is a write to the same database, so claim, business write
+// and complete run in ONE transaction: a crash or an error anywhere rolls the key back
+// with the effect, and the client's retry runs afresh. (When the effect is a call to
+// an external API, use the two-phase pattern instead: claim and COMMIT, call the API,
+// then complete_key in a second transaction; see the README.)
+//
+// claim_key's answer maps onto HTTP like this:
+//   claimed / reclaimed -> run the handler, store its status and body, return them
+//   replay              -> the stored status and body, plus `Idempotent-Replayed: true`
+//   in_progress         -> 409 Conflict with Retry-After (the first request is still running)
+//   mismatch            -> 422 Unprocessable Content (the key was used for another payload)
+//   no key on a POST    -> 400 Bad Request
+//
+// Connection: the usual PG* environment variables (PGHOST, PGPORT, PGDATABASE, PGUSER)
+// or DATABASE_URL. Listens on PORT (default 3000).
+'use strict';
+
+const http = require('node:http');
+const { Pool } = require('pg');
+
+const pool = new Pool(process.env.DATABASE_URL ? { connectionString: process.env.DATABASE_URL } : {});
+// Only for the tests: keeps the transaction open a while, so duplicates arrive in flight.
+const effectDelayMs = Number(process.env.EXAMPLE_EFFECT_DELAY_MS || 0);
+const MAX_KEY_LENGTH = 255; // idempotency.max_key_length
+
+const SETUP_SQL = `
+  CREATE EXTENSION IF NOT EXISTS idempotency;
+  CREATE TABLE IF NOT EXISTS accounts (id text PRIMARY KEY, balance bigint NOT NULL DEFAULT 0);
+  CREATE TABLE IF NOT EXISTS payments (
+    id bigserial PRIMARY KEY, account text NOT NULL, amount bigint NOT NULL,
+    idempotency_key text NOT NULL, at timestamptz NOT NULL DEFAULT now());`;
+
+function send(res, status, body, headers = {}) {
+  const json = JSON.stringify(body);
+  res.writeHead(status, {
+    'Content-Type': status >= 400 ? 'application/problem+json' : 'application/json',
+    'Content-Length': Buffer.byteLength(json),
+    ...headers,
+  });
+  res.end(json);
+}
+
+function problem(res, status, title, detail, headers) {
+  send(res, status, { type: 'about:blank', title, status, detail }, headers);
+}
+
+function readBody(req) {
+  return new Promise((resolve, reject) => {
+    const chunks = [];
+    req.on('data', (c) => chunks.push(c));
+    req.on('end', () => resolve(Buffer.concat(chunks).toString('utf8')));
+    req.on('error', reject);
+  });
+}
+
+// The business effect. Runs only for a claimed key, inside the claim's transaction.
+async function createPayment(client, key, payment) {
+  const { rows } = await client.query(
+    `INSERT INTO accounts (id, balance) VALUES ($1, $2)
+       ON CONFLICT (id) DO UPDATE SET balance = accounts.balance + EXCLUDED.balance
+     RETURNING balance`,
+    [payment.account, payment.amount]);
+  const ins = await client.query(
+    'INSERT INTO payments (account, amount, idempotency_key) VALUES ($1, $2, $3) RETURNING id',
+    [payment.account, payment.amount, key]);
+  if (effectDelayMs) await new Promise((r) => setTimeout(r, effectDelayMs));
+  return {
+    status: 201,
+    body: { payment: Number(ins.rows[0].id), account: payment.account, amount: payment.amount,
+            balance: Number(rows[0].balance) },
+  };
+}
+
+async function postPayment(req, res) {
+  const key = req.headers['idempotency-key'];
+  if (key === undefined || key === '') {
+    return problem(res, 400, 'Idempotency-Key missing', 'POST /payments needs an Idempotency-Key header.');
+  }
+  if (Buffer.byteLength(key) > MAX_KEY_LENGTH) {
+    return problem(res, 400, 'Idempotency-Key too long', `At most ${MAX_KEY_LENGTH} bytes.`);
+  }
+  const raw = await readBody(req);
+  let payment;
+  try {
+    payment = JSON.parse(raw);
+  } catch {
+    return problem(res, 400, 'Invalid JSON', 'The body must be a JSON object.');
+  }
+  if (typeof payment !== 'object' || payment === null || typeof payment.account !== 'string' ||
+      !Number.isInteger(payment.amount) || payment.amount <= 0) {
+    return problem(res, 400, 'Invalid payment', 'Expected {"account": string, "amount": positive integer}.');
+  }
+
+  const scope = 'POST /payments'; // keys are unique per endpoint (add the client id in a real API)
+  const client = await pool.connect();
+  try {
+    await client.query('BEGIN');
+    // The fingerprint is computed from the body as jsonb, so the same payload sent with
+    // another key order or spacing is still the same request.
+    const { rows: [claim] } = await client.query(
+      `SELECT status::text, token, response, response_code,
+              ceil(extract(epoch FROM retry_after))::int AS retry_after
+         FROM claim_key($1, request_fingerprint($2::jsonb), $3)`,
+      [key, raw, scope]);
+
+    switch (claim.status) {
+      case 'claimed':
+      case 'reclaimed': {
+        const result = await createPayment(client, key, payment);
+        await client.query('SELECT complete_key($1, $2, $3, $4, $5)',
+          [key, claim.token, JSON.stringify(result.body), result.status, scope]);
+        await client.query('COMMIT');
+        return send(res, result.status, result.body);
+      }
+      case 'replay':
+        await client.query('ROLLBACK'); // a replay wrote nothing; end the transaction
+        return send(res, claim.response_code, claim.response, { 'Idempotent-Replayed': 'true' });
+      case 'in_progress':
+        await client.query('ROLLBACK');
+        return problem(res, 409, 'Request in progress',
+          'A request with this Idempotency-Key is still being processed; retry later.',
+          { 'Retry-After': String(Math.max(1, claim.retry_after || 1)) });
+      case 'mismatch':
+        await client.query('ROLLBACK');
+        return problem(res, 422, 'Idempotency-Key reused',
+          'This Idempotency-Key was used with a different request payload.');
+      default:
+        throw new Error(`unexpected claim status ${claim.status}`);
+    }
+  } catch (err) {
+    // The transaction rolls back with the claim: a retry with the same key runs afresh.
+    await client.query('ROLLBACK').catch(() => {});
+    console.error(err);
+    return problem(res, 500, 'Internal error', 'Nothing was stored; retrying with the same key is safe.');
+  } finally {
+    client.release();
+  }
+}
+
+async function getAccount(res, id) {
+  const { rows } = await pool.query(
+    `SELECT a.balance, (SELECT count(*) FROM payments p WHERE p.account = a.id) AS payments
+       FROM accounts a WHERE a.id = $1`, [id]);
+  if (rows.length === 0) return problem(res, 404, 'Not found', `No account ${id}.`);
+  return send(res, 200, { account: id, balance: Number(rows[0].balance), payments: Number(rows[0].payments) });
+}
+
+const server = http.createServer((req, res) => {
+  const url = new URL(req.url, 'http://localhost');
+  let work;
+  if (req.method === 'POST' && url.pathname === '/payments') work = postPayment(req, res);
+  else if (req.method === 'GET' && url.pathname.startsWith('/accounts/')) {
+    work = getAccount(res, decodeURIComponent(url.pathname.slice('/accounts/'.length)));
+  } else work = Promise.resolve(problem(res, 404, 'Not found', `${req.method} ${url.pathname}`));
+  work.catch((err) => {
+    console.error(err);
+    if (!res.headersSent) problem(res, 500, 'Internal error', 'Unexpected error.');
+  });
+});
+
+async function main() {
+  if (process.argv.includes('--setup')) await pool.query(SETUP_SQL);
+  const port = Number(process.env.PORT || 3000);
+  server.listen(port, '127.0.0.1', () => console.log(`listening on http://127.0.0.1:${port}`));
+}
+
+process.on('SIGTERM', () => server.close(() => pool.end()));
+process.on('SIGINT', () => server.close(() => pool.end()));
+
+main().catch((err) => {
+  console.error(err);
+  process.exit(1);
+});
