@@ -137,35 +137,37 @@ enum class Status { kClaimed, kReclaimed, kReplay, kMismatch, kInProgress };
 constexpr const char* kStatusLabels[] = {"claimed", "reclaimed", "replay", "mismatch",
                                          "in_progress"};
 
-// Per call site: the blessed claim_result descriptor and the claim_status label OIDs.
-struct ResultShape {
-  TupleDesc descriptor;
-  Oid labels[5];
+// The claim_result type and the OIDs of the claim_status labels, looked up once per
+// backend (per call site would repeat catalog lookups on every execution of a prepared
+// statement). Keyed by the result type's OID, which changes if the extension is recreated.
+struct ResultType {
+  Oid type = InvalidOid;
+  Oid labels[5] = {};
 };
+ResultType result_type;
 
-ResultShape* result_shape(FunctionCallInfo fcinfo) {
-  if (fcinfo->flinfo->fn_extra != nullptr) return static_cast<ResultShape*>(fcinfo->flinfo->fn_extra);
-  return pg_call([&] {
-    TupleDesc descriptor = nullptr;
-    if (get_call_result_type(fcinfo, nullptr, &descriptor) != TYPEFUNC_COMPOSITE)
-      ereport(ERROR, (errcode(ERRCODE_FEATURE_NOT_SUPPORTED),
-                      errmsg("function returning claim_result called in a wrong context")));
-    MemoryContext old = MemoryContextSwitchTo(fcinfo->flinfo->fn_mcxt);
-    auto* shape = static_cast<ResultShape*>(palloc(sizeof(ResultShape)));
-    shape->descriptor = BlessTupleDesc(CreateTupleDescCopy(descriptor));
-    MemoryContextSwitchTo(old);
-    Oid status_type = TupleDescAttr(shape->descriptor, 0)->atttypid;
+// Returns the claim_result OID of this call, loading the label OIDs when it changed.
+Oid claim_result_type(FunctionCallInfo fcinfo) {
+  Oid type = pg_call([&] {
+    Oid t = get_fn_expr_rettype(fcinfo->flinfo);
+    return OidIsValid(t) ? t : get_func_rettype(fcinfo->flinfo->fn_oid);
+  });
+  if (type == result_type.type) return type;
+  pg_call([&] {
+    TupleDesc descriptor = lookup_rowtype_tupdesc(type, -1);
+    Oid status_type = TupleDescAttr(descriptor, 0)->atttypid;
+    ReleaseTupleDesc(descriptor);
     for (int i = 0; i < 5; ++i) {
-      shape->labels[i] = GetSysCacheOid2(ENUMTYPOIDNAME, Anum_pg_enum_oid,
-                                         ObjectIdGetDatum(status_type),
-                                         CStringGetDatum(kStatusLabels[i]));
-      if (!OidIsValid(shape->labels[i]))
+      result_type.labels[i] =
+          GetSysCacheOid2(ENUMTYPOIDNAME, Anum_pg_enum_oid, ObjectIdGetDatum(status_type),
+                          CStringGetDatum(kStatusLabels[i]));
+      if (!OidIsValid(result_type.labels[i]))
         ereport(ERROR, (errcode(ERRCODE_UNDEFINED_OBJECT),
                         errmsg("claim_status has no label \"%s\"", kStatusLabels[i])));
     }
-    fcinfo->flinfo->fn_extra = shape;
-    return shape;
   });
+  result_type.type = type;
+  return type;
 }
 
 // The fields of a claim_result; absent optionals become NULL.
@@ -184,7 +186,7 @@ struct ClaimResult {
 };
 
 Datum result_datum(FunctionCallInfo fcinfo, const ClaimResult& result) {
-  ResultShape* shape = result_shape(fcinfo);
+  Oid type = claim_result_type(fcinfo);
   Datum values[10];
   bool nulls[10];
   for (bool& null : nulls) null = true;
@@ -192,7 +194,7 @@ Datum result_datum(FunctionCallInfo fcinfo, const ClaimResult& result) {
     values[column] = value;
     nulls[column] = false;
   };
-  set(0, ObjectIdGetDatum(shape->labels[static_cast<int>(result.status)]));
+  set(0, ObjectIdGetDatum(result_type.labels[static_cast<int>(result.status)]));
   pg_uuid_t token_copy{};
   if (result.token) {
     token_copy = *result.token;
@@ -210,7 +212,13 @@ Datum result_datum(FunctionCallInfo fcinfo, const ClaimResult& result) {
     retry_after.time = *result.retry_after_us;
     set(9, IntervalPGetDatum(&retry_after));
   }
-  return pg_call([&] { return HeapTupleGetDatum(heap_form_tuple(shape->descriptor, values, nulls)); });
+  // The type cache's descriptor of a named composite type needs no blessing.
+  return pg_call([&] {
+    TupleDesc descriptor = lookup_rowtype_tupdesc(type, -1);
+    HeapTuple tuple = heap_form_tuple(descriptor, values, nulls);
+    ReleaseTupleDesc(descriptor);
+    return HeapTupleGetDatum(tuple);
+  });
 }
 
 // What a duplicate may see of a stored row: the outcome, never the holder's token.
@@ -322,9 +330,9 @@ ClaimResult claim(Session& store, const ClaimRequest& request) {
   const KeyName& name = request.name;
   int64 backoff_us = 1000;
   int retries_without_sleep = 0;
-  for (;;) {
+  for (bool first_look = true;; first_look = false) {
     TimestampTz now = GetCurrentTimestamp();
-    std::optional<KeyRow> row = store.find(name.scope, name.key);
+    std::optional<KeyRow> row = store.find(name.scope, name.key, !first_look);
     Verdict verdict = judge(row, request.fingerprint, request.caller, now);
     switch (verdict) {
       case Verdict::kForeign:

@@ -193,9 +193,10 @@ void Session::finish() {
   pg_call([] { SPI_finish(); });
 }
 
-std::optional<KeyRow> Session::find(text* scope, text* key) {
+std::optional<KeyRow> Session::find(text* scope, text* key, bool fresh_snapshot) {
   Datum values[] = {PointerGetDatum(scope), PointerGetDatum(key)};
-  if (run(kFind, values, nullptr, false, 1) == 0) return std::nullopt;
+  bool read_only = !fresh_snapshot && ActiveSnapshotSet();
+  if (run(kFind, values, nullptr, read_only, 1) == 0) return std::nullopt;
   return decode(0, caller_context_);
 }
 

@@ -55,8 +55,10 @@ class Session {
   // abort, which is the only way it is left unfinished.
   void finish();
 
-  // Plain MVCC read with a fresh snapshot: no row lock, no write.
-  std::optional<KeyRow> find(text* scope, text* key);
+  // Plain MVCC read: no row lock, no write. With fresh_snapshot false it reads with the
+  // calling statement's snapshot (cheaper; right for a first look), else with a new one
+  // (needed to see commits while waiting).
+  std::optional<KeyRow> find(text* scope, text* key, bool fresh_snapshot = true);
   // Locks the newest version of the row, skipping it if another transaction has it locked.
   std::optional<KeyRow> lock(text* scope, text* key);
   // INSERT ... ON CONFLICT DO NOTHING; false when the key exists.
