@@ -45,8 +45,8 @@ wanted() {
 record() { # SUITE PASSED FAILED NOTE
   TOTAL_PASSED=$((TOTAL_PASSED + $2))
   TOTAL_FAILED=$((TOTAL_FAILED + $3))
-  SUMMARY+=("$(printf '%-10s %4d passed, %4d failed  %s' "$1" "$2" "$3" "${4:-}")")
-  printf '%s: %d passed, %d failed %s\n\n' "$1" "$2" "$3" "${4:-}"
+  SUMMARY+=("$(printf '%-20s %4d passed, %4d failed%s' "$1" "$2" "$3" "${4:+  $4}")")
+  printf '%s: %d passed, %d failed%s\n\n' "$1" "$2" "$3" "${4:+ $4}"
 }
 
 indent() { sed -u 's/^/    /'; }
