@@ -54,8 +54,8 @@ KeyName key_arguments(FunctionCallInfo fcinfo, int key_arg, int scope_arg) {
   if (PG_ARGISNULL(key_arg))
     throw Error(ERRCODE_NULL_VALUE_NOT_ALLOWED, "idempotency key must not be null");
   if (PG_ARGISNULL(scope_arg))
-    throw Error(ERRCODE_NULL_VALUE_NOT_ALLOWED, "idempotency scope must not be null",
-                {}, "Use '' (the default) for keys without a scope.");
+    throw Error(ERRCODE_NULL_VALUE_NOT_ALLOWED, "idempotency scope must not be null", {},
+                "Use '' (the default) for keys without a scope.");
   KeyName name{text_argument(fcinfo, scope_arg), text_argument(fcinfo, key_arg)};
   const auto limit = static_cast<size_t>(gucs::max_key_length);
   if (name.key_length() == 0)
@@ -73,8 +73,8 @@ KeyName key_arguments(FunctionCallInfo fcinfo, int key_arg, int scope_arg) {
 
 pg_uuid_t token_argument(FunctionCallInfo fcinfo, int n) {
   if (PG_ARGISNULL(n))
-    throw Error(ERRCODE_NULL_VALUE_NOT_ALLOWED, "token must not be null",
-                {}, "Pass the token that claim_key returned.");
+    throw Error(ERRCODE_NULL_VALUE_NOT_ALLOWED, "token must not be null", {},
+                "Pass the token that claim_key returned.");
   return *PG_GETARG_UUID_P(n);
 }
 
@@ -123,11 +123,14 @@ void remember_own_claim(const pg_uuid_t& token, TimestampTz expires_at) {
 
 std::optional<TimestampTz> own_claim_expiry(const pg_uuid_t& token) {
   for (size_t i = 0; i < own_claim_count; ++i)
-    if (memcmp(own_claims[i].token.data, token.data, UUID_LEN) == 0) return own_claims[i].expires_at;
+    if (memcmp(own_claims[i].token.data, token.data, UUID_LEN) == 0)
+      return own_claims[i].expires_at;
   return std::nullopt;
 }
 
-void forget_own_claims(XactEvent, void*) { own_claim_count = 0; }
+void forget_own_claims(XactEvent, void*) {
+  own_claim_count = 0;
+}
 
 // ---------------------------------------------------------------------------------------
 // Results
@@ -489,8 +492,9 @@ Datum sql_complete_key(FunctionCallInfo fcinfo) {
   if (!completed) {
     KeyRow row = explain_fence(store, name, token, caller, now);
     if (!same_response(row, outcome.response, outcome.response_code))
-      throw Error(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE,
-                  "idempotency key " + name.describe() + " was already completed with another response");
+      throw Error(
+          ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE,
+          "idempotency key " + name.describe() + " was already completed with another response");
     completed = row;  // the same completion again: a no-op success
   } else {
     stats::count(stats::kCompleted);
@@ -526,8 +530,9 @@ Datum sql_checkpoint_key(FunctionCallInfo fcinfo) {
   Session store(fcinfo->flinfo->fn_oid);
   if (!store.checkpoint(name.scope, name.key, token, caller, recovery_point, now, locked_until)) {
     (void)explain_fence(store, name, token, caller, now);
-    throw Error(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE,
-                "idempotency key " + name.describe() + " is completed; there is nothing to checkpoint");
+    throw Error(
+        ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE,
+        "idempotency key " + name.describe() + " is completed; there is nothing to checkpoint");
   }
   store.finish();
   PG_RETURN_TIMESTAMPTZ(locked_until);
@@ -535,7 +540,9 @@ Datum sql_checkpoint_key(FunctionCallInfo fcinfo) {
 
 }  // namespace
 
-void on_load() { RegisterXactCallback(forget_own_claims, nullptr); }
+void on_load() {
+  RegisterXactCallback(forget_own_claims, nullptr);
+}
 
 }  // namespace idem::claim_protocol
 

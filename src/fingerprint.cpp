@@ -21,6 +21,8 @@ class Sha256 {
   ~Sha256() { pg_cryptohash_free(context_); }
   Sha256(const Sha256&) = delete;
   Sha256& operator=(const Sha256&) = delete;
+  Sha256(Sha256&&) = delete;
+  Sha256& operator=(Sha256&&) = delete;
 
   void update(const void* data, size_t length) {
     if (pg_cryptohash_update(context_, static_cast<const uint8*>(data), length) < 0)

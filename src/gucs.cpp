@@ -31,16 +31,15 @@ bool check_databases(char** newval, void** /*extra*/, GucSource /*source*/) {
 void define() {
   DefineCustomIntVariable(
       "idempotency.default_ttl", "How long a key is kept when claim_key is given no ttl.",
-      "A completed key is kept this long after completion.", &default_ttl_seconds,
-      24 * 60 * 60, 1, INT_MAX, PGC_USERSET, GUC_UNIT_S, nullptr, nullptr, nullptr);
+      "A completed key is kept this long after completion.", &default_ttl_seconds, 24 * 60 * 60, 1,
+      INT_MAX, PGC_USERSET, GUC_UNIT_S, nullptr, nullptr, nullptr);
   DefineCustomIntVariable(
       "idempotency.default_lease", "How long a claim is held when claim_key is given no lease.",
       "After the lease ends without complete_key, another caller may reclaim the key.",
       &default_lease_seconds, 5 * 60, 1, INT_MAX, PGC_USERSET, GUC_UNIT_S, nullptr, nullptr,
       nullptr);
-  DefineCustomIntVariable("idempotency.max_key_length", "Longest accepted key, in bytes.",
-                          nullptr, &max_key_length, 255, 1, 8192, PGC_SUSET, 0, nullptr,
-                          nullptr, nullptr);
+  DefineCustomIntVariable("idempotency.max_key_length", "Longest accepted key, in bytes.", nullptr,
+                          &max_key_length, 255, 1, 8192, PGC_SUSET, 0, nullptr, nullptr, nullptr);
   DefineCustomIntVariable("idempotency.max_response_size",
                           "Largest accepted stored response (jsonb), in bytes.", nullptr,
                           &max_response_size, 1024 * 1024, 1, MaxAllocSize / 2, PGC_SUSET,
@@ -49,14 +48,13 @@ void define() {
                           "Time between two cleanup rounds of the background worker.", nullptr,
                           &cleanup_interval_ms, 60 * 1000, 100, 24 * 60 * 60 * 1000, PGC_SIGHUP,
                           GUC_UNIT_MS, nullptr, nullptr, nullptr);
-  DefineCustomIntVariable("idempotency.cleanup_batch_size",
-                          "Expired keys deleted per transaction by the cleanup.", nullptr,
-                          &cleanup_batch_size, 5000, 1, 1000000, PGC_SIGHUP, 0, nullptr, nullptr,
-                          nullptr);
-  DefineCustomStringVariable(
-      "idempotency.databases", "Databases the cleanup worker serves (empty: every database).",
-      "A comma-separated list of database names.", &databases, "", PGC_SIGHUP, 0,
-      check_databases, nullptr, nullptr);
+  DefineCustomIntVariable(
+      "idempotency.cleanup_batch_size", "Expired keys deleted per transaction by the cleanup.",
+      nullptr, &cleanup_batch_size, 5000, 1, 1000000, PGC_SIGHUP, 0, nullptr, nullptr, nullptr);
+  DefineCustomStringVariable("idempotency.databases",
+                             "Databases the cleanup worker serves (empty: every database).",
+                             "A comma-separated list of database names.", &databases, "",
+                             PGC_SIGHUP, 0, check_databases, nullptr, nullptr);
   MarkGUCPrefixReserved("idempotency");
 }
 

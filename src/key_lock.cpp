@@ -27,8 +27,7 @@ LOCKTAG tag_of(const char* scope, size_t scope_length, const char* key, size_t k
 
 Outcome try_lock(const char* scope, size_t scope_length, const char* key, size_t key_length) {
   LOCKTAG tag = tag_of(scope, scope_length, key, key_length);
-  LockAcquireResult result =
-      pg_call([&] { return LockAcquire(&tag, ExclusiveLock, false, true); });
+  LockAcquireResult result = pg_call([&] { return LockAcquire(&tag, ExclusiveLock, false, true); });
   switch (result) {
     case LOCKACQUIRE_NOT_AVAIL:
       return Outcome::kBusy;

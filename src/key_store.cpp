@@ -9,14 +9,25 @@ namespace {
 constexpr const char* kRowColumns =
     "status OPERATOR(pg_catalog.=) 'completed', owner, fingerprint, response, response_code, "
     "recovery_point, lease_token, locked_until, attempts, ttl, created_at, expires_at";
-constexpr const char* kWhereKey = "scope OPERATOR(pg_catalog.=) $1 AND key OPERATOR(pg_catalog.=) $2";
+constexpr const char* kWhereKey =
+    "scope OPERATOR(pg_catalog.=) $1 AND key OPERATOR(pg_catalog.=) $2";
 // The fence of complete / release / checkpoint: the token holds a live processing row of
 // the same owner ($5 is "now" in all three statements).
 constexpr const char* kWhereHolder =
     " AND lease_token OPERATOR(pg_catalog.=) $3 AND owner OPERATOR(pg_catalog.=) $4"
     " AND status OPERATOR(pg_catalog.=) 'processing' AND expires_at OPERATOR(pg_catalog.>) $5";
 
-enum PlanId { kFind, kLock, kInsert, kRestart, kReclaim, kComplete, kRelease, kCheckpoint, kPlanCount };
+enum PlanId {
+  kFind,
+  kLock,
+  kInsert,
+  kRestart,
+  kReclaim,
+  kComplete,
+  kRelease,
+  kCheckpoint,
+  kPlanCount
+};
 
 struct PlanSpec {
   std::string sql;
@@ -24,13 +35,15 @@ struct PlanSpec {
 };
 
 PlanSpec spec_of(PlanId id, const std::string& table) {
-  const std::string select = std::string("SELECT ") + kRowColumns + " FROM " + table + " WHERE " + kWhereKey;
+  const std::string select =
+      std::string("SELECT ") + kRowColumns + " FROM " + table + " WHERE " + kWhereKey;
   const std::string returning = std::string(" RETURNING ") + kRowColumns;
   const std::string fence = std::string(kWhereKey) + kWhereHolder;
   // Parameters of a claim: $1 scope, $2 key, $3 owner, $4 fingerprint, $5 ttl, $6 now,
   // $7 expires_at, $8 token, $9 locked_until.
-  const std::vector<Oid> claim_types = {TEXTOID, TEXTOID,        OIDOID,      BYTEAOID,   INTERVALOID,
-                                        TIMESTAMPTZOID, TIMESTAMPTZOID, UUIDOID, TIMESTAMPTZOID};
+  const std::vector<Oid> claim_types = {TEXTOID,        TEXTOID,     OIDOID,
+                                        BYTEAOID,       INTERVALOID, TIMESTAMPTZOID,
+                                        TIMESTAMPTZOID, UUIDOID,     TIMESTAMPTZOID};
   const std::vector<Oid> fence_types = {TEXTOID, TEXTOID, UUIDOID, OIDOID, TIMESTAMPTZOID};
   switch (id) {
     case kFind:
@@ -49,29 +62,35 @@ PlanSpec spec_of(PlanId id, const std::string& table) {
                   " SET owner = $3, fingerprint = $4, attempts = 1, ttl = $5, created_at = $6,"
                   " expires_at = $7, lease_token = $8, locked_until = $9, recovery_point = NULL,"
                   " status = 'processing', response_code = NULL, updated_at = $6, response = NULL"
-                  " WHERE " + kWhereKey,
+                  " WHERE " +
+                  kWhereKey,
               claim_types};
     case kReclaim:
       return {"UPDATE " + table +
                   " SET fingerprint = COALESCE(fingerprint, $4),"
                   " attempts = attempts OPERATOR(pg_catalog.+) 1, ttl = $5, expires_at = $7,"
                   " lease_token = $8, locked_until = $9, updated_at = $6"
-                  " WHERE " + kWhereKey + " AND owner OPERATOR(pg_catalog.=) $3" + returning,
+                  " WHERE " +
+                  kWhereKey + " AND owner OPERATOR(pg_catalog.=) $3" + returning,
               claim_types};
     case kComplete:
       // Only columns at the end of the row change (and expires_at keeps its value in the
       // inbox pattern): a small, usually HOT, update.
-      return {"UPDATE " + table +
-                  " SET status = 'completed', response_code = $7, updated_at = $5, response = $6,"
-                  " expires_at = $8 WHERE " + fence + returning,
-              {TEXTOID, TEXTOID, UUIDOID, OIDOID, TIMESTAMPTZOID, JSONBOID, INT4OID, TIMESTAMPTZOID}};
+      return {
+          "UPDATE " + table +
+              " SET status = 'completed', response_code = $7, updated_at = $5, response = $6,"
+              " expires_at = $8 WHERE " +
+              fence + returning,
+          {TEXTOID, TEXTOID, UUIDOID, OIDOID, TIMESTAMPTZOID, JSONBOID, INT4OID, TIMESTAMPTZOID}};
     case kRelease:
-      return {"UPDATE " + table + " SET lease_token = NULL, locked_until = NULL, updated_at = $5 WHERE " + fence,
+      return {"UPDATE " + table +
+                  " SET lease_token = NULL, locked_until = NULL, updated_at = $5 WHERE " + fence,
               fence_types};
     case kCheckpoint:
       return {"UPDATE " + table +
                   " SET recovery_point = $6, locked_until = $7,"
-                  " expires_at = GREATEST(expires_at, $7), updated_at = $5 WHERE " + fence,
+                  " expires_at = GREATEST(expires_at, $7), updated_at = $5 WHERE " +
+                  fence,
               {TEXTOID, TEXTOID, UUIDOID, OIDOID, TIMESTAMPTZOID, TEXTOID, TIMESTAMPTZOID}};
     default:
       throw Error(ERRCODE_INTERNAL_ERROR, "unknown statement");
@@ -111,8 +130,11 @@ void prepare_plans(Oid table) {
 
 // Runs a prepared statement; returns the number of rows it processed.
 uint64 run(PlanId id, Datum* values, const char* nulls, bool read_only, long limit) {
-  int rc = pg_call([&] { return SPI_execute_plan(cache.plans[id], values, nulls, read_only, limit); });
-  if (rc < 0) throw Error(ERRCODE_INTERNAL_ERROR, "idempotency_keys statement failed", SPI_result_code_string(rc));
+  int rc =
+      pg_call([&] { return SPI_execute_plan(cache.plans[id], values, nulls, read_only, limit); });
+  if (rc < 0)
+    throw Error(ERRCODE_INTERNAL_ERROR, "idempotency_keys statement failed",
+                SPI_result_code_string(rc));
   return SPI_processed;
 }
 
@@ -120,7 +142,9 @@ uint64 run(PlanId id, Datum* values, const char* nulls, bool read_only, long lim
 KeyRow decode(uint64 index, MemoryContext context) {
   HeapTuple tuple = SPI_tuptable->vals[index];
   TupleDesc desc = SPI_tuptable->tupdesc;
-  auto column = [&](int number, bool* is_null) { return SPI_getbinval(tuple, desc, number, is_null); };
+  auto column = [&](int number, bool* is_null) {
+    return SPI_getbinval(tuple, desc, number, is_null);
+  };
   auto copy_varlena = [&](int number) -> struct varlena* {
     bool is_null = false;
     Datum value = column(number, &is_null);
@@ -152,8 +176,12 @@ KeyRow decode(uint64 index, MemoryContext context) {
   return row;
 }
 
-Datum nullable(const void* pointer) { return PointerGetDatum(pointer); }
-char null_flag(const void* pointer) { return pointer == nullptr ? 'n' : ' '; }
+Datum nullable(const void* pointer) {
+  return PointerGetDatum(pointer);
+}
+char null_flag(const void* pointer) {
+  return pointer == nullptr ? 'n' : ' ';
+}
 
 }  // namespace
 
@@ -163,8 +191,9 @@ Oid table_of(Oid function) {
     return OidIsValid(schema) ? get_relname_relid("idempotency_keys", schema) : InvalidOid;
   });
   if (!OidIsValid(table))
-    throw Error(ERRCODE_UNDEFINED_TABLE, "idempotency_keys does not exist in the extension's schema",
-                {}, "Drop and create the extension idempotency again.");
+    throw Error(ERRCODE_UNDEFINED_TABLE,
+                "idempotency_keys does not exist in the extension's schema", {},
+                "Drop and create the extension idempotency again.");
   return table;
 }
 
@@ -207,7 +236,8 @@ std::optional<KeyRow> Session::lock(text* scope, text* key) {
 }
 
 namespace {
-void claim_parameters(text* scope, text* key, const ClaimValues& claim, Datum* values, char* nulls) {
+void claim_parameters(text* scope, text* key, const ClaimValues& claim, Datum* values,
+                      char* nulls) {
   values[0] = PointerGetDatum(scope);
   values[1] = PointerGetDatum(key);
   values[2] = ObjectIdGetDatum(claim.owner);
@@ -248,9 +278,12 @@ KeyRow Session::reclaim(text* scope, text* key, const ClaimValues& claim) {
 std::optional<KeyRow> Session::complete(text* scope, text* key, const pg_uuid_t& token, Oid owner,
                                         const Outcome& outcome, TimestampTz now,
                                         TimestampTz expires_at) {
-  Datum values[] = {PointerGetDatum(scope),     PointerGetDatum(key),
-                    UUIDPGetDatum(&token),       ObjectIdGetDatum(owner),
-                    TimestampTzGetDatum(now),    nullable(outcome.response),
+  Datum values[] = {PointerGetDatum(scope),
+                    PointerGetDatum(key),
+                    UUIDPGetDatum(&token),
+                    ObjectIdGetDatum(owner),
+                    TimestampTzGetDatum(now),
+                    nullable(outcome.response),
                     Int32GetDatum(outcome.response_code.value_or(0)),
                     TimestampTzGetDatum(expires_at)};
   char nulls[] = "        ";
@@ -268,10 +301,10 @@ bool Session::release(text* scope, text* key, const pg_uuid_t& token, Oid owner,
 
 bool Session::checkpoint(text* scope, text* key, const pg_uuid_t& token, Oid owner,
                          text* recovery_point, TimestampTz now, TimestampTz locked_until) {
-  Datum values[] = {PointerGetDatum(scope),   PointerGetDatum(key),
-                    UUIDPGetDatum(&token),     ObjectIdGetDatum(owner),
-                    TimestampTzGetDatum(now),  nullable(recovery_point),
-                    TimestampTzGetDatum(locked_until)};
+  Datum values[] = {
+      PointerGetDatum(scope),           PointerGetDatum(key),     UUIDPGetDatum(&token),
+      ObjectIdGetDatum(owner),          TimestampTzGetDatum(now), nullable(recovery_point),
+      TimestampTzGetDatum(locked_until)};
   char nulls[] = "       ";
   nulls[5] = null_flag(recovery_point);
   return run(kCheckpoint, values, nulls, false, 0) == 1;

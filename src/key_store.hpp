@@ -16,7 +16,7 @@ struct KeyRow {
   bytea* fingerprint;  // nullptr = NULL
   Jsonb* response;     // nullptr = NULL
   std::optional<int32> response_code;
-  text* recovery_point;       // nullptr = NULL
+  text* recovery_point;  // nullptr = NULL
   std::optional<pg_uuid_t> lease_token;
   std::optional<TimestampTz> locked_until;
   int32 attempts;
@@ -50,6 +50,8 @@ class Session {
   ~Session();
   Session(const Session&) = delete;
   Session& operator=(const Session&) = delete;
+  Session(Session&&) = delete;
+  Session& operator=(Session&&) = delete;
 
   // Closes the SPI connection; the destructor leaves an unfinished one to transaction
   // abort, which is the only way it is left unfinished.
@@ -73,8 +75,8 @@ class Session {
   // Fenced release; false when `token` does not hold the key.
   bool release(text* scope, text* key, const pg_uuid_t& token, Oid owner, TimestampTz now);
   // Fenced checkpoint; false when `token` does not hold the key.
-  bool checkpoint(text* scope, text* key, const pg_uuid_t& token, Oid owner,
-                  text* recovery_point, TimestampTz now, TimestampTz locked_until);
+  bool checkpoint(text* scope, text* key, const pg_uuid_t& token, Oid owner, text* recovery_point,
+                  TimestampTz now, TimestampTz locked_until);
 
  private:
   MemoryContext caller_context_;

@@ -37,9 +37,7 @@ ErrorData* run_catching_pg_errors(void (*thunk)(void*), void* context) {
   MemoryContext caller_context = CurrentMemoryContext;
   ErrorData* volatile caught = nullptr;
   PG_TRY();
-  {
-    thunk(context);
-  }
+  { thunk(context); }
   PG_CATCH();
   {
     // CopyErrorData must not run in ErrorContext, which FlushErrorState resets.

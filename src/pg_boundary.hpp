@@ -42,6 +42,9 @@ class PgError : public std::exception {
   PgError(PgError&& other) noexcept : data_(std::exchange(other.data_, nullptr)) {}
   PgError(const PgError&) = delete;
   PgError& operator=(const PgError&) = delete;
+  PgError& operator=(PgError&&) = delete;
+  // An unreleased ErrorData stays in its memory context, which PostgreSQL resets.
+  ~PgError() override = default;
   const char* what() const noexcept override;
   ErrorData* release() noexcept { return std::exchange(data_, nullptr); }
 
@@ -105,8 +108,10 @@ Datum sql_entry(FunctionCallInfo fcinfo, Body&& body) noexcept {
 
 // Declares an SQL-callable function `name` whose body is the C++ function `impl`
 // (Datum impl(FunctionCallInfo)), reached only through sql_entry().
-#define IDEM_SQL_FUNCTION(name, impl)                                          \
-  extern "C" {                                                                 \
-  PG_FUNCTION_INFO_V1(name);                                                   \
-  Datum name(PG_FUNCTION_ARGS) { return ::idem::sql_entry(fcinfo, (impl)); }   \
+#define IDEM_SQL_FUNCTION(name, impl)         \
+  extern "C" {                                \
+  PG_FUNCTION_INFO_V1(name);                  \
+  Datum name(PG_FUNCTION_ARGS) {              \
+    return ::idem::sql_entry(fcinfo, (impl)); \
+  }                                           \
   }

@@ -106,7 +106,9 @@ std::optional<TimestampTz> time_of(const pg_uuid_t* uuid) {
 }
 
 namespace {
-Datum sql_gen_uuid_v7(FunctionCallInfo) { return UUIDPGetDatum(generate()); }
+Datum sql_gen_uuid_v7(FunctionCallInfo) {
+  return UUIDPGetDatum(generate());
+}
 
 Datum sql_gen_uuid_v7_at(FunctionCallInfo fcinfo) {
   return UUIDPGetDatum(generate_at(PG_GETARG_TIMESTAMPTZ(0)));
