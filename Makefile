@@ -44,7 +44,7 @@ override with_llvm := no
 
 include $(PGXS)
 
-.PHONY: demo test bench format tidy
+.PHONY: demo test bench format lint
 demo:
 	bash demo/run.sh
 
@@ -57,5 +57,8 @@ bench:
 format:
 	clang-format -i src/*.cpp src/*.hpp
 
-tidy:
-	clang-tidy src/*.cpp -- -x c++ -std=c++17 -isystem $(shell $(PG_CONFIG) --includedir-server)
+# Fails on any formatting difference or clang-tidy finding (.clang-format, .clang-tidy).
+lint:
+	clang-format --dry-run -Werror src/*.cpp src/*.hpp
+	clang-tidy --quiet src/*.cpp -- -x c++ -std=c++17 -D_GNU_SOURCE \
+	  -isystem $(shell $(PG_CONFIG) --includedir-server) -isystem $(shell $(PG_CONFIG) --includedir)/internal
