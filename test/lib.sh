@@ -23,6 +23,7 @@ IDEM_PACKAGES=(
   libtap-parser-sourcehandler-pgtap-perl
   libipc-run-perl
   python3-psycopg
+  pgbouncer
   make
   g++
 )
@@ -133,8 +134,8 @@ idem_pg_can_reach() {
   if idem_is_root; then runuser -u postgres -- test -x "$1" 2>/dev/null; else test -x "$1"; fi
 }
 
-# A scratch directory owned by the postgres user: project-local .test-run/<pid> when
-# postgres can reach the project, else one under /tmp. Copies sql/, expected/ and test/
+# A scratch directory owned by the postgres user: project-local .test-run/run-<pid> when
+# postgres can reach the project, else /tmp/idempotency-test-<uid>/run-<pid>. Copies sql/, expected/ and test/
 # into $IDEM_SCRATCH/src so that every suite reads its inputs from there.
 idem_scratch_init() {
   # A suite started by test/run.sh gets its own scratch dir and the shared input copy.
@@ -145,24 +146,24 @@ idem_scratch_init() {
   fi
   local base="$IDEM_ROOT/.test-run"
   mkdir -p "$base"
-  if idem_pg_can_reach "$base"; then
-    # Runs that ended without their trap (kill -9) leave a dir behind: reap those whose
-    # runner is gone, stopping any server still running in them first.
-    local old pid
-    for old in "$base"/run-*; do
-      [[ -d $old ]] || continue
-      pid="${old##*/run-}"
-      if ! kill -0 "$pid" 2>/dev/null; then
-        idem_stop_servers_under "$old"
-        rm -rf "$old"
-      fi
-    done
-    IDEM_SCRATCH="$base/run-$$"
-    rm -rf "$IDEM_SCRATCH"
-    mkdir -p "$IDEM_SCRATCH"
-  else
-    IDEM_SCRATCH="$(mktemp -d /tmp/idempotency-test.XXXXXX)"
-  fi
+  # postgres cannot enter the project (a clone under /root, say): work under /tmp.
+  idem_pg_can_reach "$base" || base="/tmp/idempotency-test-$(id -u)"
+  mkdir -p "$base"
+  chmod 755 "$base"
+  # Runs that ended without their trap (kill -9) or failed leave a dir behind: reap those
+  # whose runner is gone, stopping any server still running in them first.
+  local old pid
+  for old in "$base"/run-*; do
+    [[ -d $old ]] || continue
+    pid="${old##*/run-}"
+    if ! kill -0 "$pid" 2>/dev/null; then
+      idem_stop_servers_under "$old"
+      rm -rf "$old"
+    fi
+  done
+  IDEM_SCRATCH="$base/run-$$"
+  rm -rf "$IDEM_SCRATCH"
+  mkdir -p "$IDEM_SCRATCH"
   idem_is_root && chown -R postgres: "$base" "$IDEM_SCRATCH" 2>/dev/null
   chmod 755 "$IDEM_SCRATCH"
   mkdir -p "$IDEM_SCRATCH/src"
