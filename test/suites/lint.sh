@@ -1,0 +1,26 @@
+#!/usr/bin/env bash
+# Style gate: clang-format and clang-tidy must be clean on src/ (two tests).
+set -uo pipefail
+source "$(dirname "$0")/../lib.sh"
+IDEM_PACKAGES+=(clang-format clang-tidy)
+ensure_packages
+cd "$IDEM_ROOT"
+
+passed=0 failed=0
+if clang-format --dry-run -Werror src/*.cpp src/*.hpp; then
+  echo "ok - clang-format"; passed=$((passed + 1))
+else
+  echo "not ok - clang-format (run: make format)"; failed=$((failed + 1))
+fi
+tidy_output="$(clang-tidy --quiet src/*.cpp -- -x c++ -std=c++17 -D_GNU_SOURCE \
+  -isystem "$("$IDEM_PG_CONFIG" --includedir-server)" \
+  -isystem "$("$IDEM_PG_CONFIG" --includedir)/internal" 2>&1)"
+tidy_status=$?
+if ((tidy_status == 0)) && ! grep -qE 'error:|warning:' <<<"$tidy_output"; then
+  echo "ok - clang-tidy"; passed=$((passed + 1))
+else
+  grep -E 'error:|warning:' <<<"$tidy_output"
+  echo "not ok - clang-tidy"; failed=$((failed + 1))
+fi
+echo "${passed} passed, ${failed} failed"
+((failed == 0))
