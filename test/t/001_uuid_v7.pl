@@ -1,6 +1,7 @@
 # gen_uuid_v7() from many concurrent backends: no two values collide (a unique index
 # would reject the insert), no two backends share random bits (the per-backend CSPRNG
-# pool is never inherited across fork), and each backend's values strictly increase.
+# pool is never inherited across fork), and each backend's values strictly increase,
+# also when the system clock steps backwards.
 use strict;
 use warnings;
 use PostgreSQL::Test::Cluster;
@@ -67,4 +68,41 @@ is($node->safe_psql('postgres', q{
 ok(!$node->log_contains('terminated by signal'), 'no backend crashed');
 
 $node->stop;
+
+# The system clock steps back by 10 s in the middle of a session: the values keep
+# increasing. libfaketime (LD_PRELOAD into the server) moves the clock; the offset file is
+# re-read on every call, so one SQL session can move it with COPY ... TO.
+my $libfaketime = '/usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1';
+ok(-e $libfaketime, 'libfaketime is installed (Debian package libfaketime)')
+  or BAIL_OUT('libfaketime is missing: test/lib.sh installs it');
+my $clock = PostgreSQL::Test::Cluster->new('clock');
+$clock->init;
+$clock->append_conf('postgresql.conf', "shared_preload_libraries = 'idempotency'");
+my $offset_file = $clock->basedir . '/faketime_offset';
+PostgreSQL::Test::Utils::append_to_file($offset_file, "+0\n");
+{
+  local $ENV{LD_PRELOAD} = $libfaketime;
+  local $ENV{FAKETIME_TIMESTAMP_FILE} = $offset_file;
+  local $ENV{FAKETIME_NO_CACHE} = '1';
+  local $ENV{FAKETIME_DONT_FAKE_MONOTONIC} = '1';
+  $clock->start;
+}
+my $result = $clock->safe_psql('postgres', qq{
+  CREATE EXTENSION idempotency;
+  CREATE TEMP TABLE s (n serial, u uuid, clock timestamptz);
+  INSERT INTO s (u, clock) SELECT gen_uuid_v7(), clock_timestamp() FROM generate_series(1, 10000);
+  COPY (SELECT '-10s') TO '$offset_file';
+  INSERT INTO s (u, clock) SELECT gen_uuid_v7(), clock_timestamp() FROM generate_series(1, 10000);
+  COPY (SELECT '+0') TO '$offset_file';
+  SELECT max(clock) FILTER (WHERE n <= 10000) - min(clock) FILTER (WHERE n > 10000) > interval '9 s',
+         (SELECT count(*) FROM (SELECT u, lag(u) OVER (ORDER BY n) AS prev FROM s) t WHERE u <= prev),
+         count(DISTINCT u)
+    FROM s;
+});
+my ($stepped_back, $not_increasing, $distinct) = split /\|/, $result;
+is($stepped_back, 't', 'the server\'s clock stepped back by 10 s mid-session');
+is($not_increasing, '0', 'values made after the clock stepped back still increase');
+is($distinct, '20000', 'and none repeats one made before');
+$clock->stop;
+
 done_testing();
