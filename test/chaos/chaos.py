@@ -1,0 +1,768 @@
+#!/usr/bin/python3
+"""Exactly-once harness: payment messages delivered 2-5 times each, shuffled, to >= 8
+concurrent consumer processes, while consumers are killed with SIGKILL mid-transaction and
+mid-two-phase and the server is crashed (pg_ctl stop -m immediate) and restarted.
+
+  chaos.py run --workdir DIR [--port P] [--messages N] [--consumers C] [--crashes K]
+               [--pgbouncer] [--seed S]
+  chaos.py consumer ...        (started by `run`; one consumer process)
+
+`run` makes its own throw-away cluster in DIR (initdb as the postgres user when run as
+root, shared_preload_libraries = 'idempotency'), plays the message broker (at-least-once:
+a delivery whose consumer dies unacknowledged is delivered again; `in_progress` is answered
+by redelivering after retry_after), injects the faults, checks the end state, prints the
+figures and one "ok"/"not ok" line per assertion, and ends with "N passed, N failed".
+
+Two patterns, half of the messages each:
+  inbox      one transaction: claim_key, debit the account, complete_key, COMMIT.
+  two-phase  claim_key + COMMIT; external call (a line appended to a side-effect log
+             file); checkpoint_key(..., 'charged') + COMMIT; complete_key + COMMIT.
+             A reclaimer that finds recovery_point = 'charged' skips the external call.
+"""
+
+import argparse
+import collections
+import decimal
+import heapq
+import json
+import os
+import random
+import selectors
+import shutil
+import signal
+import subprocess
+import sys
+import time
+
+D = decimal.Decimal
+LEASE = "2 seconds"
+
+# Phases a consumer reports just before (or after, for committed steps) the step; the
+# coordinator kills consumers at some of them.
+KILL_PHASES = ("inbox_tx", "claimed", "calling", "called", "checkpointed", "completing")
+# A kill whose last reported phase is one of these may have left an external call made but
+# not checkpointed: the only crashes that may repeat the external call.
+WINDOW_PHASES = ("calling", "called")
+# Kills at these phases happen after the two-phase claim committed and before the
+# completing transaction started: the claim must later be reclaimed and completed.
+HELD_PHASES = ("claimed", "calling", "called", "checkpointed")
+
+
+# --------------------------------------------------------------------------------------
+# Consumer
+# --------------------------------------------------------------------------------------
+
+def consumer_main(args):
+    import psycopg
+    from psycopg import errors
+
+    out = sys.stdout
+
+    def say(*parts):
+        out.write(" ".join(str(p) for p in parts) + "\n")
+        out.flush()
+
+    def phase(name, pause=True):
+        say("P", name)
+        # A short pause so that a kill decided on this phase lands in it.
+        if pause:
+            time.sleep(random.uniform(0.004, 0.012))
+
+    conn = None
+
+    def connect():
+        nonlocal conn
+        if conn is not None:
+            try:
+                conn.close()
+            except Exception:
+                pass
+            conn = None
+        deadline = time.time() + 90
+        delay = 0.05
+        while True:
+            try:
+                # No server-side prepared statements: works behind PgBouncer in
+                # transaction pooling mode (no session state).
+                conn = psycopg.connect(args.dsn, autocommit=False, prepare_threshold=None,
+                                       connect_timeout=5)
+                return
+            except psycopg.OperationalError:
+                if time.time() > deadline:
+                    raise
+                say("E", "reconnect_wait", "-")
+                time.sleep(delay)
+                delay = min(delay * 2, 1.0)
+
+    losses = [0]
+
+    def lost_connection():
+        say("E", "connection_lost", "-")
+        # Behind PgBouncer the client connection survives a server crash while every
+        # query fails until the server is back: back off between attempts.
+        time.sleep(min(0.05 * (2 ** losses[0]), 1.0))
+        losses[0] += 1
+        connect()
+
+    extlog = os.open(args.extlog, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+
+    def claim(cur, msg, payload, scope):
+        cur.execute(
+            "SELECT status::text, token, response, recovery_point, attempts,"
+            " extract(epoch FROM retry_after)::float8"
+            " FROM claim_key(%s, request_fingerprint(%s::jsonb), %s, NULL, %s::interval)",
+            (msg, payload, scope, LEASE))
+        return cur.fetchone()
+
+    def check_replay(d, response):
+        if response is None or response.get("msg") != d["m"] or D(response["amount"]) != D(d["a"]):
+            say("E", "bad_replay", d["m"])
+
+    def inbox(d, payload):
+        while True:
+            try:
+                with conn.cursor() as cur:
+                    st, token, response, _rp, attempts, retry = claim(cur, d["m"], payload, "inbox")
+                    if st in ("claimed", "reclaimed"):
+                        cur.execute("UPDATE accounts SET balance = balance - %s::numeric WHERE id = %s",
+                                    (d["a"], d["acct"]))
+                        cur.execute("INSERT INTO inbox_applied (msg, token, amount) VALUES (%s, %s, %s)",
+                                    (d["m"], token, d["a"]))
+                        phase("inbox_tx")
+                        cur.execute("SELECT (complete_key(%s, %s, %s::jsonb, 200, 'inbox')).status::text",
+                                    (d["m"], token, payload))
+                        conn.commit()
+                        losses[0] = 0
+                        return ("applied", st)
+                    conn.rollback()
+                    if st == "replay":
+                        check_replay(d, response)
+                        if args.sabotage == "debit-on-replay":
+                            # A broken consumer: applies the effect although the key replays.
+                            cur.execute("UPDATE accounts SET balance = balance - %s::numeric WHERE id = %s",
+                                        (d["a"], d["acct"]))
+                            conn.commit()
+                        return ("replay", "-")
+                    if st == "mismatch":
+                        return ("mismatch", "-")
+                    return ("retry", retry)
+            except psycopg.OperationalError:
+                # The transaction is gone (or committed: then the next claim replays).
+                lost_connection()
+
+    def two_phase(d, payload):
+        token = None
+        rp = None
+        called = False
+        checkpointed = False
+        st = None
+        while True:
+            try:
+                with conn.cursor() as cur:
+                    if token is None:
+                        st, tok, response, got_rp, attempts, retry = claim(cur, d["m"], payload, "2pc")
+                        conn.commit()
+                        # Only a committed claim holds the key: an external call made on a
+                        # claim whose COMMIT was lost would be made without any claim.
+                        token, rp = tok, got_rp
+                        if args.sabotage == "ignore-recovery-point":
+                            # A broken consumer: repeats the external call on every reclaim.
+                            rp = None
+                        if st == "replay":
+                            check_replay(d, response)
+                            return ("replay", "-")
+                        if st == "mismatch":
+                            return ("mismatch", "-")
+                        if st == "in_progress":
+                            return ("retry", retry)
+                        if st == "reclaimed" and rp is not None:
+                            say("E", "resumed_from_" + rp, d["m"])
+                        phase("claimed")
+                    if rp != "charged":
+                        if not called:
+                            phase("calling")
+                            # The external call: the payment gateway executes the charge.
+                            os.write(extlog, ("%s %s %s\n" % (d["m"], token, d["a"])).encode())
+                            called = True
+                            phase("called")
+                        cur.execute("SELECT checkpoint_key(%s, %s, 'charged', '2pc', %s::interval)",
+                                    (d["m"], token, LEASE))
+                        conn.commit()
+                        rp = "charged"
+                        checkpointed = True
+                        phase("checkpointed")
+                    phase("completing")
+                    cur.execute("INSERT INTO twophase_done (msg, token) VALUES (%s, %s)"
+                                " ON CONFLICT DO NOTHING", (d["m"], token))
+                    cur.execute("SELECT (complete_key(%s, %s, %s::jsonb, 200, '2pc')).status::text",
+                                (d["m"], token, payload))
+                    conn.commit()
+                    losses[0] = 0
+                    return ("applied", st)
+            except psycopg.OperationalError:
+                lost_connection()
+            except (errors.ObjectNotInPrerequisiteState, errors.NoDataFound) as e:
+                # Fenced: our lease ended and another consumer reclaimed the key.
+                conn.rollback()
+                if called and not checkpointed:
+                    say("E", "lease_lost_after_call", d["m"])
+                else:
+                    say("E", "fenced", d["m"])
+                del e
+                return ("retry", 0.2)
+
+    connect()
+    for line in sys.stdin:
+        d = json.loads(line)
+        payload = json.dumps({"msg": d["m"], "amount": d["a"], "acct": d["acct"]})
+        if d["p"] == "inbox":
+            outcome, detail = inbox(d, payload)
+        else:
+            outcome, detail = two_phase(d, payload)
+        say("A", d["d"], outcome, detail)
+
+
+# --------------------------------------------------------------------------------------
+# Coordinator: cluster, broker, faults, checks
+# --------------------------------------------------------------------------------------
+
+class Cluster:
+    def __init__(self, workdir, port):
+        self.workdir = workdir
+        self.port = port
+        self.data = os.path.join(workdir, "data")
+        self.log = os.path.join(workdir, "server.log")
+        self.root = os.geteuid() == 0
+
+    def as_pg(self, argv, **kw):
+        if self.root:
+            argv = ["runuser", "-u", "postgres", "--"] + argv
+        return subprocess.run(argv, check=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                              cwd=self.workdir, **kw)
+
+    def init(self, extra_conf):
+        if self.root:
+            shutil.chown(self.workdir, "postgres")
+        self.as_pg(["initdb", "-D", self.data, "-U", "postgres", "-A", "trust", "-E", "UTF8",
+                    "--no-locale", "--no-sync"])
+        conf = [
+            "port = %d" % self.port,
+            "listen_addresses = ''",
+            "unix_socket_directories = '%s'" % self.workdir,
+            "shared_preload_libraries = 'idempotency'",
+            "max_connections = 60",
+            "idempotency.cleanup_interval = '1s'",
+            "log_min_messages = warning",
+        ] + extra_conf
+        with open(os.path.join(self.data, "postgresql.conf"), "a") as f:
+            f.write("\n# chaos harness\n" + "\n".join(conf) + "\n")
+
+    def start(self):
+        self.as_pg(["pg_ctl", "-D", self.data, "-l", self.log, "-w", "-t", "60", "start"])
+
+    def crash(self):
+        self.as_pg(["pg_ctl", "-D", self.data, "-m", "immediate", "-w", "-t", "60", "stop"])
+
+    def stop(self):
+        try:
+            self.as_pg(["pg_ctl", "-D", self.data, "-m", "fast", "-w", "-t", "60", "stop"])
+        except subprocess.CalledProcessError:
+            pass
+
+
+class PgBouncer:
+    def __init__(self, workdir, port, server_port):
+        self.workdir = workdir
+        self.port = port
+        self.ini = os.path.join(workdir, "pgbouncer.ini")
+        self.pidfile = os.path.join(workdir, "pgbouncer.pid")
+        with open(os.path.join(workdir, "userlist.txt"), "w") as f:
+            f.write('"postgres" ""\n')
+        with open(self.ini, "w") as f:
+            f.write("\n".join([
+                "[databases]",
+                "chaos = host=%s port=%d dbname=chaos user=postgres" % (workdir, server_port),
+                "[pgbouncer]",
+                "listen_addr =",
+                "listen_port = %d" % port,
+                "unix_socket_dir = %s" % workdir,
+                "auth_type = trust",
+                "auth_file = %s" % os.path.join(workdir, "userlist.txt"),
+                "pool_mode = transaction",
+                # Fewer server connections than consumers: transactions of different
+                # clients share server sessions.
+                "default_pool_size = 4",
+                "max_client_conn = 200",
+                "server_login_retry = 1",
+                "ignore_startup_parameters = extra_float_digits,options",
+                "logfile = %s" % os.path.join(workdir, "pgbouncer.log"),
+                "pidfile = %s" % self.pidfile,
+            ]) + "\n")
+        if os.geteuid() == 0:
+            for name in ("pgbouncer.ini", "userlist.txt"):
+                shutil.chown(os.path.join(workdir, name), "postgres")
+
+    def start(self):
+        argv = ["pgbouncer", "-d", self.ini]
+        if os.geteuid() == 0:
+            argv = ["runuser", "-u", "postgres", "--"] + argv
+        subprocess.run(argv, check=True, cwd=self.workdir)
+        for _ in range(100):
+            if os.path.exists(os.path.join(self.workdir, ".s.PGSQL.%d" % self.port)):
+                return
+            time.sleep(0.05)
+        raise RuntimeError("pgbouncer did not start")
+
+    def stop(self):
+        try:
+            with open(self.pidfile) as f:
+                pid = int(f.read().strip())
+            os.kill(pid, signal.SIGTERM)
+            for _ in range(100):
+                os.kill(pid, 0)
+                time.sleep(0.05)
+        except (OSError, ValueError):
+            pass
+
+
+class Consumer:
+    def __init__(self, cid, argv):
+        self.cid = cid
+        self.proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                     stderr=subprocess.PIPE, bufsize=0)
+        self.buf = b""
+        self.inflight = None
+        self.phase = None
+        self.killed = False
+
+
+def build_deliveries(rng, n_messages, accounts):
+    msgs = []
+    for i in range(n_messages):
+        cents = rng.randint(1, 250000)
+        msgs.append({
+            "m": "pay-%06d" % i,
+            "p": "inbox" if i % 2 == 0 else "2pc",
+            "a": "%d.%02d" % (cents // 100, cents % 100),
+            "acct": rng.randrange(accounts),
+        })
+    # Copies of a message arrive close together (so that duplicates race each other)
+    # and some arrive much later (so that they replay a completed key).
+    stream = []
+    group = 6
+    late = []
+    for g in range(0, n_messages, group):
+        window = []
+        for m in msgs[g:g + group]:
+            for _ in range(rng.randint(2, 5)):
+                (late if rng.random() < 0.1 else window).append(m)
+        rng.shuffle(window)
+        stream.extend(window)
+    for m in late:
+        stream.insert(rng.randrange(len(stream) + 1), m)
+    return msgs, stream
+
+
+def run_main(args):
+    import psycopg
+
+    rng = random.Random(args.seed)
+    workdir = os.path.abspath(args.workdir)
+    os.makedirs(workdir, exist_ok=True)
+    if os.path.exists(os.path.join(workdir, "data")):
+        shutil.rmtree(os.path.join(workdir, "data"))
+    extlog = os.path.join(workdir, "external_calls.log")
+    open(extlog, "w").close()
+
+    cluster = Cluster(workdir, args.port)
+    cluster.init([])
+    cluster.start()
+    bouncer = None
+    results = []
+
+    def check(ok, what):
+        results.append((bool(ok), what))
+        print("%s - %s" % ("ok" if ok else "not ok", what), flush=True)
+
+    consumers = {}
+    try:
+        admin_dsn = "host=%s port=%d user=postgres dbname=postgres" % (workdir, args.port)
+        with psycopg.connect(admin_dsn, autocommit=True) as c:
+            c.execute("CREATE DATABASE chaos")
+        dsn = "host=%s port=%d user=postgres dbname=chaos" % (workdir, args.port)
+        with psycopg.connect(dsn, autocommit=True) as c:
+            c.execute("CREATE EXTENSION idempotency")
+            c.execute("CREATE TABLE accounts (id int PRIMARY KEY, balance numeric(18,2) NOT NULL)")
+            c.execute("INSERT INTO accounts SELECT g, 1000000000.00 FROM generate_series(0, %s) g"
+                      % (args.accounts - 1))
+            # No unique constraint: a double application would show as a second row.
+            c.execute("CREATE TABLE inbox_applied (msg text, token uuid, amount numeric(18,2))")
+            c.execute("CREATE TABLE twophase_done (msg text, token uuid, UNIQUE (msg, token))")
+        consumer_dsn = dsn
+        if args.pgbouncer:
+            bouncer = PgBouncer(workdir, args.port + 1, args.port)
+            bouncer.start()
+            consumer_dsn = "host=%s port=%d user=postgres dbname=chaos" % (workdir, args.port + 1)
+
+        msgs, stream = build_deliveries(rng, args.messages, args.accounts)
+        by_id = {m["m"]: m for m in msgs}
+        ready = collections.deque()
+        for i, m in enumerate(stream):
+            ready.append(dict(m, d=i))
+        delayed = []  # heap of (due, seq, delivery)
+        seq = 0
+        total_copies = len(stream)
+
+        sel = selectors.DefaultSelector()
+        argv_base = [sys.executable, os.path.abspath(__file__), "consumer", "--dsn", consumer_dsn,
+                     "--extlog", extlog, "--sabotage", args.sabotage]
+        next_cid = 0
+
+        def spawn():
+            nonlocal next_cid
+            c = Consumer(next_cid, argv_base)
+            next_cid += 1
+            consumers[c.cid] = c
+            sel.register(c.proc.stdout, selectors.EVENT_READ, c)
+            return c
+
+        for _ in range(args.consumers):
+            spawn()
+
+        f = collections.Counter()          # figures
+        kills = []                         # (msg, pattern, last phase)
+        window_events = collections.Counter()  # msg -> times a lease was lost after the call
+        bad = []                           # unexpected things seen by consumers
+        acked = 0
+        dispatched = 0
+        outcomes_by_msg = collections.defaultdict(collections.Counter)
+        kill_p = args.kill_probability
+        kills_by_phase = collections.Counter()
+        crash_at = sorted(rng.uniform(0.2, 0.8) for _ in range(args.crashes))
+        crashes_done = 0
+        start = time.time()
+        tampered_phase = False
+        expected_mismatch = 0
+
+        def dispatch(c):
+            nonlocal dispatched
+            if c.inflight is not None or c.killed:
+                return
+            now = time.time()
+            while delayed and delayed[0][0] <= now:
+                ready.append(heapq.heappop(delayed)[2])
+            if not ready:
+                return
+            d = ready.popleft()
+            c.inflight = d
+            c.phase = None
+            dispatched += 1
+            try:
+                c.proc.stdin.write((json.dumps(d) + "\n").encode())
+            except BrokenPipeError:
+                pass
+
+        def requeue(d, delay):
+            nonlocal seq
+            seq += 1
+            heapq.heappush(delayed, (time.time() + delay, seq, d))
+
+        def handle_line(c, line):
+            nonlocal acked
+            parts = line.split(" ")
+            if parts[0] == "P":
+                c.phase = parts[1]
+                return parts[1]
+            if parts[0] == "E":
+                f["event_" + parts[1]] += 1
+                if parts[1] == "lease_lost_after_call":
+                    window_events[parts[2]] += 1
+                if parts[1] == "bad_replay":
+                    bad.append(line)
+                return None
+            if parts[0] == "A":
+                d = c.inflight
+                c.inflight = None
+                outcome, detail = parts[2], parts[3]
+                if d is None or int(parts[1]) != d["d"]:
+                    bad.append("ack for a delivery not in flight: " + line)
+                    return None
+                f["outcome_" + outcome] += 1
+                outcomes_by_msg[d["m"]][outcome] += 1
+                if outcome == "applied":
+                    f["applied_" + detail] += 1
+                if outcome == "retry":
+                    # in_progress: deliver again after retry_after (capped for the run).
+                    requeue(d, min(float(detail), 2.5))
+                else:
+                    if d.get("tampered") and outcome != "mismatch":
+                        bad.append("tampered delivery got %s: %s" % (outcome, d["m"]))
+                    if outcome == "mismatch" and not d.get("tampered"):
+                        bad.append("untampered delivery got mismatch: " + d["m"])
+                    acked += 1
+                return None
+            bad.append("unexpected line from consumer: " + line)
+            return None
+
+        def drain(c):
+            """Reads what a consumer wrote; returns False at EOF."""
+            try:
+                chunk = os.read(c.proc.stdout.fileno(), 65536)
+            except OSError:
+                chunk = b""
+            if not chunk:
+                return False
+            c.buf += chunk
+            while b"\n" in c.buf:
+                raw, c.buf = c.buf.split(b"\n", 1)
+                ph = handle_line(c, raw.decode())
+                if (ph in KILL_PHASES and not c.killed and not tampered_phase
+                        and kills_left[0] > 0 and rng.random() < kill_p.get(ph, 0)):
+                    c.killed = True
+                    kills_left[0] -= 1
+                    os.kill(c.proc.pid, signal.SIGKILL)
+            return True
+
+        def reap(c):
+            """The consumer's process ended: account for it, redeliver, replace it."""
+            sel.unregister(c.proc.stdout)
+            c.proc.wait()
+            err = c.proc.stderr.read().decode(errors="replace")
+            del consumers[c.cid]
+            if c.killed:
+                d = c.inflight if c.inflight is not None else None
+                # The last phase the consumer reported before it died.
+                if d is not None:
+                    kills.append((d["m"], d["p"], c.phase))
+                    kills_by_phase[c.phase] += 1
+                else:
+                    kills_by_phase["between_deliveries"] += 1
+            else:
+                bad.append("consumer %d exited with %s: %s" % (c.cid, c.proc.returncode, err[-2000:]))
+            if c.inflight is not None:
+                # At-least-once: an unacknowledged delivery is delivered again.
+                f["redelivered_after_kill"] += 1
+                requeue(c.inflight, 0.0)
+            spawn()
+
+        kills_left = [args.max_kills]
+        total_expected = total_copies
+        last_progress = time.time()
+        while True:
+            if acked >= total_expected and not tampered_phase:
+                # Finally: copies of completed messages with a changed amount (same key,
+                # different request) must all be rejected as mismatch.
+                tampered_phase = True
+                for m in rng.sample(msgs, min(args.tampered, len(msgs))):
+                    t = dict(m, d=len(stream) + expected_mismatch, tampered=True)
+                    t["a"] = str(D(m["a"]) + D("0.01"))
+                    ready.append(t)
+                    expected_mismatch += 1
+                total_expected += expected_mismatch
+            if acked >= total_expected:
+                break
+            if crashes_done < len(crash_at) and acked >= crash_at[crashes_done] * total_copies:
+                cluster.crash()
+                time.sleep(0.3)
+                cluster.start()
+                crashes_done += 1
+                print("# server crashed (immediate stop) and restarted after %d acks" % acked,
+                      flush=True)
+            for c in list(consumers.values()):
+                dispatch(c)
+            for key, _ in sel.select(timeout=0.05):
+                c = key.data
+                if not drain(c):
+                    reap(c)
+                else:
+                    last_progress = time.time()
+            if time.time() - last_progress > 120:
+                bad.append("no progress for 120 s")
+                break
+            if time.time() - start > args.timeout:
+                bad.append("timed out after %d s" % args.timeout)
+                break
+        elapsed = time.time() - start
+
+        for c in list(consumers.values()):
+            c.proc.stdin.close()
+        for c in list(consumers.values()):
+            try:
+                c.proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                c.proc.kill()
+                c.proc.wait()
+        consumers.clear()
+
+        # ------------------------------------------------------------------ checks
+        inbox_msgs = [m for m in msgs if m["p"] == "inbox"]
+        tp_msgs = [m for m in msgs if m["p"] == "2pc"]
+        with psycopg.connect(dsn, autocommit=True) as c:
+            balances = dict(c.execute("SELECT id, balance FROM accounts").fetchall())
+            applied = c.execute("SELECT msg, count(*) FROM inbox_applied GROUP BY msg").fetchall()
+            done = c.execute("SELECT msg, count(DISTINCT token) FROM twophase_done GROUP BY msg").fetchall()
+            keys = c.execute("SELECT scope, key, status::text, attempts FROM idempotency_keys").fetchall()
+            stats = c.execute("SELECT claimed, reclaimed, replayed, in_progress, mismatched, completed"
+                              " FROM idempotency_stats WHERE datname = 'chaos'").fetchone()
+
+        expected = collections.defaultdict(D)
+        for m in inbox_msgs:
+            expected[m["acct"]] += D(m["a"])
+        debited = {a: D("1000000000.00") - balances[a] for a in balances}
+        total_expected_debit = sum(expected.values(), D(0))
+        total_debited = sum(debited.values(), D(0))
+        check(bad == [], "consumers saw nothing unexpected%s" % ("" if not bad else ": " + "; ".join(bad[:5])))
+        check(all(debited[a] == expected.get(a, D(0)) for a in debited),
+              "inbox: every account's debit equals the sum of its unique messages to the cent "
+              "(%s debited, %s expected)" % (total_debited, total_expected_debit))
+        applied_counts = dict(applied)
+        inbox_double = sum(1 for m in inbox_msgs if applied_counts.get(m["m"], 0) > 1)
+        inbox_missing = sum(1 for m in inbox_msgs if applied_counts.get(m["m"], 0) == 0)
+        check(inbox_double == 0 and inbox_missing == 0 and len(applied_counts) == len(inbox_msgs),
+              "inbox: each of %d messages applied exactly once (double %d, missing %d)"
+              % (len(inbox_msgs), inbox_double, inbox_missing))
+
+        done_counts = dict(done)
+        tp_double = sum(1 for m in tp_msgs if done_counts.get(m["m"], 0) > 1)
+        tp_missing = sum(1 for m in tp_msgs if done_counts.get(m["m"], 0) == 0)
+        check(tp_double == 0 and tp_missing == 0,
+              "two-phase: each of %d messages completed exactly once (by two claims: %d, never: %d)"
+              % (len(tp_msgs), tp_double, tp_missing))
+
+        key_state = {(s, k): (st, att) for s, k, st, att in keys}
+        processing = sum(1 for st, _ in key_state.values() if st == "processing")
+        check(processing == 0, "no key is left processing (%d)" % processing)
+        all_done = all(key_state.get(("inbox" if m["p"] == "inbox" else "2pc", m["m"]), ("", 0))[0]
+                       == "completed" for m in msgs)
+        check(all_done, "every message's key is completed")
+
+        held_kills = [k for k in kills if k[1] == "2pc" and k[2] in HELD_PHASES]
+        not_reclaimed = [m for m, _, _ in held_kills if key_state.get(("2pc", m), ("", 0))[1] < 2]
+        check(not not_reclaimed,
+              "two-phase: each of %d claims held by a killed consumer was reclaimed and completed%s"
+              % (len(held_kills), "" if not not_reclaimed else " (not: %s)" % not_reclaimed[:5]))
+
+        calls = collections.Counter()
+        with open(extlog) as fh:
+            for line in fh:
+                calls[line.split(" ")[0]] += 1
+        window_kills = collections.Counter(m for m, p, ph in kills if p == "2pc" and ph in WINDOW_PHASES)
+        after_checkpoint_kills = [m for m, p, ph in kills if p == "2pc" and ph in ("checkpointed", "completing")]
+        repeated = 0
+        unexplained = []
+        never_called = []
+        for m in tp_msgs:
+            n = calls.get(m["m"], 0)
+            if n == 0:
+                never_called.append(m["m"])
+            allowed = 1 + window_kills[m["m"]] + window_events[m["m"]]
+            if n > allowed:
+                unexplained.append((m["m"], n))
+            repeated += max(0, n - 1)
+        check(not never_called, "two-phase: every message's external call was made (missing: %d)"
+              % len(never_called))
+        check(not unexplained,
+              "two-phase: an external call is repeated only after a crash or lost lease between the "
+              "call and its checkpoint (unexplained: %s)" % (unexplained[:5] or "none"))
+        repeated_after_checkpoint = sum(max(0, calls.get(m, 0) - 1 - window_kills[m] - window_events[m])
+                                        for m in after_checkpoint_kills)
+        check(repeated_after_checkpoint == 0,
+              "two-phase: %d kills after the checkpoint repeated %d external calls (recovery_point)"
+              % (len(after_checkpoint_kills), repeated_after_checkpoint))
+
+        mismatches = f["outcome_mismatch"]
+        check(mismatches == expected_mismatch,
+              "%d of %d tampered duplicates rejected as mismatch" % (mismatches, expected_mismatch))
+        check(crashes_done >= min(1, args.crashes), "%d server crash(es) survived" % crashes_done)
+        check(len(kills) >= min(args.max_kills, 5),
+              "consumers killed mid-delivery: %d" % len(kills))
+        reclaimed_keys = sum(1 for st, att in key_state.values() if att >= 2)
+        check(reclaimed_keys > 0 or args.max_kills == 0,
+              "lease expiry led to reclaims: %d keys reclaimed" % reclaimed_keys)
+
+        with open(cluster.log, errors="replace") as fh:
+            log = fh.read()
+        signals = [l for l in log.splitlines() if "terminated by signal" in l or "PANIC" in l]
+        check(not signals, "server log has no backend terminated by a signal and no PANIC%s"
+              % ("" if not signals else ": " + signals[0]))
+
+        double_effects = inbox_double + tp_double + len(unexplained) + (total_debited - total_expected_debit != 0)
+        print("#")
+        print("# figures (%s%s, seed %s, %.1f s)" % ("through PgBouncer, " if args.pgbouncer else "",
+                                                    "%d consumers" % args.consumers, args.seed, elapsed))
+        print("#   messages                 %d (%d inbox, %d two-phase)" % (len(msgs), len(inbox_msgs), len(tp_msgs)))
+        print("#   copies sent by producer  %d (each message 2-5 times) + %d tampered" % (total_copies, expected_mismatch))
+        print("#   deliveries               %d (incl. %d redeliveries after a kill, %d after in_progress)"
+              % (dispatched, f["redelivered_after_kill"], f["outcome_retry"]))
+        print("#   applied (claimed/reclaimed)  %d / %d" % (f["applied_claimed"], f["applied_reclaimed"]))
+        print("#   duplicates rejected      %d replay, %d in_progress, %d mismatch"
+              % (f["outcome_replay"], f["outcome_retry"], mismatches))
+        print("#   consumers killed         %d  %s" % (sum(kills_by_phase.values()),
+                                                      dict(sorted(kills_by_phase.items()))))
+        print("#   server crashes survived  %d" % crashes_done)
+        print("#   connection losses        %d" % f["event_connection_lost"])
+        print("#   keys reclaimed           %d (resumed from 'charged': %d; fenced late holders: %d)"
+              % (reclaimed_keys, f["event_resumed_from_charged"], f["event_fenced"]))
+        print("#   external calls repeated  %d (%d kills and %d lost leases between call and checkpoint;"
+              " %d kills after the checkpoint repeated nothing)"
+              % (repeated, sum(window_kills.values()), sum(window_events.values()), len(after_checkpoint_kills)))
+        print("#   inbox debited            %s (expected %s)" % (total_debited, total_expected_debit))
+        if stats:
+            print("#   idempotency_stats since last restart: claimed %s reclaimed %s replayed %s "
+                  "in_progress %s mismatched %s completed %s" % stats)
+        print("#   double effects           %d" % double_effects)
+        check(double_effects == 0, "double effects: %d" % double_effects)
+    finally:
+        for c in list(consumers.values()):
+            try:
+                c.proc.kill()
+                c.proc.wait()
+            except Exception:
+                pass
+        if bouncer:
+            bouncer.stop()
+        cluster.stop()
+
+    passed = sum(1 for ok, _ in results if ok)
+    failed = len(results) - passed
+    print("%d passed, %d failed" % (passed, failed))
+    return 0 if failed == 0 else 1
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    r = sub.add_parser("run")
+    r.add_argument("--workdir", required=True)
+    r.add_argument("--port", type=int, default=5470)
+    r.add_argument("--messages", type=int, default=500)
+    r.add_argument("--consumers", type=int, default=8)
+    r.add_argument("--accounts", type=int, default=16)
+    r.add_argument("--crashes", type=int, default=1)
+    r.add_argument("--max-kills", type=int, default=40)
+    r.add_argument("--kill-rate", type=float, default=0.04,
+                   help="probability of a kill at each reported kill phase")
+    r.add_argument("--tampered", type=int, default=20)
+    r.add_argument("--timeout", type=int, default=600)
+    r.add_argument("--pgbouncer", action="store_true")
+    r.add_argument("--seed", type=int, default=None)
+    sabotage_help = ("self-test of the harness: consumers with a deliberate bug, so that the "
+                     "checks must fail: 'debit-on-replay' (inbox) or 'ignore-recovery-point' (two-phase)")
+    r.add_argument("--sabotage", default="none", choices=("none", "debit-on-replay", "ignore-recovery-point"),
+                   help=sabotage_help)
+    c = sub.add_parser("consumer")
+    c.add_argument("--dsn", required=True)
+    c.add_argument("--extlog", required=True)
+    c.add_argument("--sabotage", default="none")
+    args = ap.parse_args()
+    if args.cmd == "consumer":
+        consumer_main(args)
+        return 0
+    if args.seed is None:
+        args.seed = random.SystemRandom().randrange(1 << 30)
+    args.kill_probability = {p: args.kill_rate for p in KILL_PHASES}
+    return run_main(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,64 @@
+#!/usr/bin/env bash
+# Exactly-once under faults, short mode (part of `make test`; about a minute):
+#   1. 500 payment messages, each delivered 2-5 times, shuffled, to 8 consumer processes,
+#      with consumers killed mid-transaction / mid-two-phase, one immediate server crash,
+#      2-second leases that expire and are reclaimed (test/chaos/chaos.py);
+#   2. the same with 300 messages through PgBouncer in transaction pooling mode;
+#   3. self-test: consumers with a deliberate bug (a debit on replay, a reclaim that
+#      ignores the recovery point) must make the harness fail.
+# The long mode is `test/chaos/run.sh --long` (see README, section reliability).
+set -uo pipefail
+source "$(dirname "${BASH_SOURCE[0]}")/../lib.sh"
+
+ensure_packages
+build_and_install
+idem_scratch_init
+
+PASSED=0
+FAILED=0
+CHAOS="$IDEM_ROOT/test/chaos/chaos.py"
+
+count_run() { # LOG: add the run's own "N passed, N failed" line
+  local line p f
+  line="$(grep -E '^[0-9]+ passed, [0-9]+ failed$' "$1" | tail -1)"
+  if [[ -z $line ]]; then
+    echo "not ok - the run printed no summary (see $1)"
+    FAILED=$((FAILED + 1))
+    return
+  fi
+  read -r p _ f _ <<<"$line"
+  PASSED=$((PASSED + p))
+  FAILED=$((FAILED + f))
+}
+
+run_chaos() { # NAME ARGS...
+  local name="$1" dir="$IDEM_SCRATCH/$1"
+  shift
+  mkdir -p "$dir"
+  echo "## $name: chaos.py run $*"
+  /usr/bin/python3 "$CHAOS" run --workdir "$dir" "$@" 2>&1 | tee "$dir.log" | grep -v '^ok - '
+  count_run "$dir.log"
+}
+
+run_chaos direct --port 5470 --messages 500 --consumers 8 --crashes 1
+run_chaos pgbouncer --port 5472 --messages 300 --consumers 8 --crashes 1 --pgbouncer
+
+# Self-test: the harness must catch a consumer that breaks exactly-once.
+expect_caught() { # NAME SABOTAGE PATTERN
+  local dir="$IDEM_SCRATCH/$1"
+  mkdir -p "$dir"
+  /usr/bin/python3 "$CHAOS" run --workdir "$dir" --port 5475 --messages 80 --kill-rate 0.2 \
+    --crashes 0 --tampered 0 --sabotage "$2" >"$dir.log" 2>&1
+  if grep -q "^not ok - $3" "$dir.log"; then
+    echo "ok - self-test: sabotage '$2' is caught ($3)"
+    PASSED=$((PASSED + 1))
+  else
+    echo "not ok - self-test: sabotage '$2' went unnoticed (see $dir.log)"
+    FAILED=$((FAILED + 1))
+  fi
+}
+expect_caught sabotage-inbox debit-on-replay "inbox: every account's debit"
+expect_caught sabotage-2pc ignore-recovery-point "two-phase: an external call is repeated"
+
+echo "$PASSED passed, $FAILED failed"
+((FAILED == 0))
