@@ -26,6 +26,7 @@ extern "C" {
 #include "miscadmin.h"
 #include "pgstat.h"
 #include "access/detoast.h"
+#include "access/heapam.h"
 #include "access/htup_details.h"
 #include "access/table.h"
 #include "access/tableam.h"

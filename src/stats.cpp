@@ -84,7 +84,9 @@ void install_shared_memory_hooks() {
   shmem_startup_hook = attach_memory;
 }
 
-bool available() { return shared != nullptr; }
+bool available() {
+  return shared != nullptr;
+}
 
 void count(Counter counter, uint64 n) {
   if (shared == nullptr || !OidIsValid(MyDatabaseId)) return;
@@ -107,6 +109,31 @@ void record_cleanup(Oid database, uint64 deleted, const char* error) {
   else
     slot->last_error[0] = '\0';
   SpinLockRelease(&shared->mutex);
+}
+
+void forget_dropped_databases(const Oid* existing, int count) {
+  if (shared == nullptr) return;
+  for (DatabaseSlot& slot : shared->slots) {
+    // Decide outside the spinlock (it must be held for a few instructions only), then
+    // free the slot only if it still belongs to the same database.
+    SpinLockAcquire(&shared->mutex);
+    Oid database = slot.database;
+    SpinLockRelease(&shared->mutex);
+    if (database == InvalidOid) continue;
+    bool exists = false;
+    for (int i = 0; i < count && !exists; ++i) exists = existing[i] == database;
+    if (exists) continue;
+    for (pg_atomic_uint64& counter : slot.counters) pg_atomic_write_u64(&counter, 0);
+    SpinLockAcquire(&shared->mutex);
+    if (slot.database == database) {
+      // A backend that cached this slot re-checks its database before counting.
+      slot.database = InvalidOid;
+      slot.last_cleanup = 0;
+      slot.last_cleanup_deleted = 0;
+      slot.last_error[0] = '\0';
+    }
+    SpinLockRelease(&shared->mutex);
+  }
 }
 
 namespace {

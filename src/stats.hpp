@@ -28,5 +28,8 @@ bool available();
 void count(Counter counter, uint64 n = 1);
 // Records the outcome of a cleanup round in database `database`.
 void record_cleanup(Oid database, uint64 deleted, const char* error);
+// Frees the slots of databases that no longer exist (`existing` lists every database), so
+// that dropped databases neither show in the view nor use up slots. Called by the launcher.
+void forget_dropped_databases(const Oid* existing, int count);
 
 }  // namespace idem::stats
