@@ -1,0 +1,86 @@
+// An at-least-once message handler made idempotent with the idempotency extension and
+// pgx v5 (inbox pattern: claim, business write, complete, COMMIT in one transaction).
+// A snippet for the README, not built by the project's tests (no Go toolchain needed
+// there). To try it:
+//
+//	go mod init example && go get github.com/jackc/pgx/v5 && go run . "postgres:///mydb"
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+)
+
+// ErrMismatch: the key was used before with another payload (reject: HTTP 422 / dead-letter).
+var ErrMismatch = errors.New("idempotency key reused with another payload")
+
+// RetryLater: another worker holds the key right now (HTTP 409 + Retry-After / redeliver later).
+type RetryLater struct{ After time.Duration }
+
+func (e *RetryLater) Error() string { return fmt.Sprintf("in progress, retry after %s", e.After) }
+
+// HandleOnce runs effect at most once per key and returns its stored result on duplicates.
+func HandleOnce(ctx context.Context, pool *pgxpool.Pool, key string, payload []byte,
+	effect func(pgx.Tx) (any, error)) (result []byte, replayed bool, err error) {
+	err = pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+		var status string
+		var token *string
+		var response []byte
+		var retryAfter *float64
+		err := tx.QueryRow(ctx,
+			`SELECT status::text, token::text, response::text, extract(epoch FROM retry_after)::float8
+			   FROM claim_key($1, request_fingerprint($2::text::jsonb))`,
+			key, string(payload)).Scan(&status, &token, &response, &retryAfter)
+		if err != nil {
+			return err
+		}
+		switch status {
+		case "claimed", "reclaimed":
+			out, err := effect(tx) // business writes, in this same transaction
+			if err != nil {
+				return err // rolls back the writes and the claim: a retry starts afresh
+			}
+			if result, err = json.Marshal(out); err != nil {
+				return err
+			}
+			_, err = tx.Exec(ctx, `SELECT complete_key($1, $2::text::uuid, $3::text::jsonb)`,
+				key, *token, string(result))
+			return err // nil: BeginFunc commits the key, the effect and the outcome together
+		case "replay":
+			result, replayed = response, true
+			return nil
+		case "mismatch":
+			return ErrMismatch
+		default: // in_progress
+			return &RetryLater{After: time.Duration(*retryAfter * float64(time.Second))}
+		}
+	})
+	return result, replayed, err
+}
+
+func main() {
+	ctx := context.Background()
+	pool, err := pgxpool.New(ctx, os.Args[1])
+	if err != nil {
+		panic(err)
+	}
+	defer pool.Close()
+	msg := []byte(`{"id": "pay-1", "account": "alice", "amount": 100}`)
+	for delivery := 1; delivery <= 2; delivery++ { // the broker delivers the message twice
+		out, replayed, err := HandleOnce(ctx, pool, "pay-1", msg, func(tx pgx.Tx) (any, error) {
+			var balance int64
+			err := tx.QueryRow(ctx, `INSERT INTO accounts (id, balance) VALUES ('alice', 100)
+			    ON CONFLICT (id) DO UPDATE SET balance = accounts.balance + 100
+			    RETURNING balance`).Scan(&balance)
+			return map[string]int64{"balance": balance}, err
+		})
+		fmt.Printf("delivery %d: result=%s replayed=%v err=%v\n", delivery, out, replayed, err)
+	}
+}

@@ -1,0 +1,128 @@
+#!/usr/bin/env bash
+# Suite: the client examples run against a throw-away server and do what they claim.
+#   examples/python/consumer.py   inbox consumer on duplicated messages (once, with a crash,
+#                                 and two consumers racing on one message)
+#   examples/node                 HTTP Idempotency-Key endpoint, real requests (npm ci,
+#                                 node --test): 400 / replay / 409 / 422 / concurrency
+#   examples/sql/walkthrough.sql  runs twice and prints exactly walkthrough.out
+# Ends with "N passed, N failed".
+set -uo pipefail
+source "$(dirname "$0")/../lib.sh"
+# node and npm may come from elsewhere (nodesource); install Debian's only when absent.
+command -v node >/dev/null || IDEM_PACKAGES+=(nodejs)
+command -v npm >/dev/null || IDEM_PACKAGES+=(npm)
+ensure_packages
+build_and_install
+idem_scratch_init
+
+EX="$IDEM_ROOT/examples"
+PY=/usr/bin/python3 # Debian's python, which has python3-psycopg (not a pyenv shim)
+passed=0 failed=0
+ok() { echo "ok - $1"; passed=$((passed + 1)); }
+not_ok() { echo "not ok - $1"; failed=$((failed + 1)); }
+check() { # NAME CMD...: ok when CMD succeeds
+  local name="$1"
+  shift
+  if "$@"; then ok "$name"; else not_ok "$name"; fi
+}
+# has FILE REGEX: FILE has a line matching REGEX (extended), else show FILE
+has() {
+  grep -qE -- "$2" "$1" && return 0
+  echo "    no line matching /$2/ in:" && sed 's/^/    | /' "$1"
+  return 1
+}
+q() { psql -X -At -v ON_ERROR_STOP=1 "$@"; }
+
+PGPORT_EX="$(idem_free_port 5480 5489)" || idem_die "no free port in 5480-5489"
+cluster_start "$IDEM_SCRATCH/pg" "$PGPORT_EX"
+for db in py node walk; do q -c "CREATE DATABASE $db" postgres >/dev/null; done
+OUT="$IDEM_SCRATCH/out"
+mkdir -p "$OUT"
+
+# --- Python: inbox consumer ------------------------------------------------------------
+echo "# python: one consumer, every message delivered two or three times, one crash"
+DSN="host=$PGHOST port=$PGPORT user=postgres dbname=py"
+"$PY" "$EX/python/consumer.py" --dsn "$DSN" --setup --name one --crash-once pay-2 \
+  "$EX/python/messages.jsonl" >"$OUT/py1.log" 2>&1
+check "python consumer exits 0" test $? -eq 0
+check "python: first delivery of pay-1 applied" has "$OUT/py1.log" $'^\\[one\\] pay-1\tclaimed applied balance=100$'
+check "python: crash after the write rolled back, redelivery applied once" \
+  bash -c "grep -qE $'pay-2\tcrashed' '$OUT/py1.log' && grep -qE $'pay-2\tclaimed applied balance=250\$' '$OUT/py1.log'"
+check "python: duplicates are replays (3 of 7 deliveries)" \
+  test "$(grep -cE $'\treplay skipped' "$OUT/py1.log")" -eq 3
+check "python: same id with another payload is dead-lettered" has "$OUT/py1.log" $'pay-3\tmismatch'
+check "python: ledger holds each message once" \
+  test "$(q -d py -c "SELECT string_agg(message_id || ':' || n, ',' ORDER BY message_id)
+                        FROM (SELECT message_id, count(*) n FROM ledger GROUP BY 1) s")" = "pay-1:1,pay-2:1,pay-3:1"
+check "python: final balances" has "$OUT/py1.log" '^\[one\] balances \{"alice": 140, "bob": 250\}$'
+
+echo "# python: two consumers get the same message; A is still inside its transaction"
+q -d py -c "TRUNCATE ledger, accounts" >/dev/null
+printf '%s\n' '{"id": "race-1", "account": "carol", "amount": 30}' >"$OUT/race.jsonl"
+"$PY" "$EX/python/consumer.py" --dsn "$DSN application_name=consumerA" --name A --work-delay 3 \
+  "$OUT/race.jsonl" >"$OUT/pyA.log" 2>&1 &
+pid_a=$!
+IDEM_BG_PIDS+=("$pid_a")
+# Wait until A has claimed and sits in its open transaction (the claim is uncommitted).
+for _ in $(seq 100); do
+  [[ $(q -d py -c "SELECT count(*) FROM pg_stat_activity WHERE application_name = 'consumerA'
+                     AND state = 'idle in transaction' AND xact_start IS NOT NULL") == 1 ]] && break
+  sleep 0.05
+done
+"$PY" "$EX/python/consumer.py" --dsn "$DSN" --name B --max-retry-sleep 1 "$OUT/race.jsonl" >"$OUT/pyB.log" 2>&1
+rc_b=$?
+wait "$pid_a"
+rc_a=$?
+check "python race: both consumers exit 0" test "$rc_a$rc_b" = 00
+check "python race: A applied the effect" has "$OUT/pyA.log" $'race-1\tclaimed applied balance=30$'
+check "python race: B was told in_progress while A was running" has "$OUT/pyB.log" $'race-1\tin_progress \\(attempt 1\\)'
+check "python race: B then got the replay" has "$OUT/pyB.log" $'race-1\treplay skipped \\(first delivery left balance=30\\)$'
+check "python race: one ledger row" test "$(q -d py -c "SELECT count(*) FROM ledger WHERE message_id = 'race-1'")" = 1
+cat "$OUT/py1.log" "$OUT/pyA.log" "$OUT/pyB.log" | sed 's/^/    /'
+
+# --- Node.js: HTTP endpoint --------------------------------------------------------------
+echo "# node $(node --version): npm ci, then node --test with real HTTP requests"
+if (cd "$EX/node" && npm ci --no-audit --no-fund --loglevel=error) >"$OUT/npm.log" 2>&1; then
+  ok "node: npm ci"
+  http_port="$(idem_free_port $((PGPORT_EX + 1)) 5489)" || idem_die "no free HTTP port in 5480-5489"
+  (cd "$EX/node" && PGDATABASE=node HTTP_PORT="$http_port" \
+    node --test --test-reporter=tap test/http.test.js) >"$OUT/node.tap" 2>&1
+  rc_node=$?
+  grep -E '^(not )?ok |^# (pass|fail)' "$OUT/node.tap" | sed 's/^/    /'
+  np="$(sed -n 's/^# pass \([0-9]*\)$/\1/p' "$OUT/node.tap" | tail -1)"
+  nf="$(sed -n 's/^# fail \([0-9]*\)$/\1/p' "$OUT/node.tap" | tail -1)"
+  if [[ -z $np || -z $nf ]] || ((np == 0)); then
+    sed 's/^/    | /' "$OUT/node.tap"
+    not_ok "node: test run produced no results (exit $rc_node)"
+  else
+    passed=$((passed + np))
+    failed=$((failed + nf))
+    ((nf > 0)) && sed 's/^/    | /' "$OUT/node.tap"
+    ((rc_node != 0 && nf == 0)) && not_ok "node: test run exit $rc_node"
+  fi
+  check "node: each effect once in the database" \
+    test "$(q -d node -c "SELECT count(*) FROM (SELECT idempotency_key FROM payments
+                                                GROUP BY 1 HAVING count(*) > 1) s")" = 0
+else
+  sed 's/^/    | /' "$OUT/npm.log"
+  not_ok "node: npm ci"
+fi
+
+# --- psql walkthrough ------------------------------------------------------------------
+echo "# sql: examples/sql/walkthrough.sql (twice: it must be re-runnable)"
+for i in 1 2; do
+  psql -X -v ON_ERROR_STOP=1 -d walk -f "$EX/sql/walkthrough.sql" >"$OUT/walk$i.out" 2>"$OUT/walk$i.err"
+  rc=$?
+  if ((rc == 0)) && diff -u "$EX/sql/walkthrough.out" "$OUT/walk$i.out" >"$OUT/walk$i.diff"; then
+    ok "sql walkthrough run $i prints walkthrough.out"
+  else
+    sed 's/^/    | /' "$OUT/walk$i.diff" "$OUT/walk$i.err"
+    not_ok "sql walkthrough run $i (exit $rc)"
+  fi
+done
+# Its only error is the fenced complete_key it shows on purpose.
+check "sql walkthrough: the one expected error (stale token) and nothing else" \
+  test "$(grep -c 'ERROR' "$OUT/walk2.err")" = 1
+
+echo "${passed} passed, ${failed} failed"
+((failed == 0))
