@@ -335,7 +335,8 @@ ClaimResult claim(Session& store, const ClaimRequest& request) {
   int retries_without_sleep = 0;
   for (bool first_look = true;; first_look = false) {
     TimestampTz now = GetCurrentTimestamp();
-    std::optional<KeyRow> row = store.find(name.scope, name.key, !first_look);
+    std::optional<KeyRow> row =
+        first_look ? store.peek(name.scope, name.key) : store.find(name.scope, name.key);
     Verdict verdict = judge(row, request.fingerprint, request.caller, now);
     switch (verdict) {
       case Verdict::kForeign:

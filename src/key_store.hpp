@@ -57,6 +57,9 @@ class Session {
   // abort, which is the only way it is left unfinished.
   void finish();
 
+  // The first look at a key: the calling statement's snapshot, read by a direct primary
+  // key probe where that is possible (not under Citus), else by SPI.
+  std::optional<KeyRow> peek(text* scope, text* key);
   // Plain MVCC read: no row lock, no write. With fresh_snapshot false it reads with the
   // calling statement's snapshot (cheaper; right for a first look), else with a new one
   // (needed to see commits while waiting).
@@ -79,7 +82,14 @@ class Session {
                   TimestampTz now, TimestampTz locked_until);
 
  private:
+  // Opens the SPI connection (and prepares the plans) on first use: a replay answered by
+  // peek() never connects.
+  void connect();
+  uint64 execute(int plan, Datum* values, const char* nulls, bool read_only, long limit);
+
   MemoryContext caller_context_;
+  Oid table_;
+  bool connected_ = false;
   bool finished_ = false;
 };
 
