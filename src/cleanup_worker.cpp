@@ -280,7 +280,11 @@ void run_round() noexcept {
     error->elevel = LOG;
     error->output_to_client = false;
     try {
-      pg_call([&] { ThrowErrorData(error); });
+      pg_call([&] {
+        error->message = psprintf("idempotency cleanup of database %u failed: %s", MyDatabaseId,
+                                  error->message != nullptr ? error->message : "?");
+        ThrowErrorData(error);
+      });
     } catch (...) {
     }
   } catch (const std::exception& e) {

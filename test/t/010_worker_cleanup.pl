@@ -1,0 +1,186 @@
+# The cleanup worker deletes expired keys in every database where the extension is
+# installed, leaves live and locked rows alone, notices CREATE EXTENSION in a new
+# database, survives a failing round, and takes a new interval on SIGHUP.
+use strict;
+use warnings;
+use PostgreSQL::Test::Cluster;
+use PostgreSQL::Test::Utils;
+use Test::More;
+use Time::HiRes qw(time);
+
+my $interval_ms = 200;
+
+my $node = PostgreSQL::Test::Cluster->new('worker_cleanup');
+$node->init;
+$node->append_conf('postgresql.conf', qq{
+shared_preload_libraries = 'idempotency'
+idempotency.cleanup_interval = '${interval_ms}ms'
+idempotency.cleanup_batch_size = 1000
+});
+$node->start;
+
+# Rows written directly (as superuser) with a chosen expiry: $n keys named prefix1..N.
+sub add_keys {
+  my ($db, $prefix, $n, $expires) = @_;
+  $node->safe_psql($db, qq{
+    INSERT INTO idempotency_keys (key, owner, ttl, created_at, expires_at, updated_at)
+    SELECT '$prefix' || g, 10, '1 hour', now() - interval '2 hours', $expires, now()
+      FROM generate_series(1, $n) g});
+}
+
+sub count_keys {
+  my ($db, $prefix) = @_;
+  return $node->safe_psql($db,
+    "SELECT count(*) FROM idempotency_keys WHERE key LIKE '$prefix%'");
+}
+
+sub stat_of {
+  my ($db, $column) = @_;
+  return $node->safe_psql($db,
+    "SELECT $column FROM idempotency_stats WHERE datname = current_database()");
+}
+
+sub launcher_pid {
+  return $node->safe_psql('postgres', q{
+    SELECT pid FROM pg_stat_activity
+     WHERE backend_type = 'idempotency cleanup launcher'});
+}
+
+# --- visible in pg_stat_activity -----------------------------------------------------
+
+ok($node->poll_query_until('postgres', q{
+  SELECT count(*) = 1 FROM pg_stat_activity
+   WHERE backend_type = 'idempotency cleanup launcher'
+     AND application_name = 'idempotency cleanup launcher' AND datid IS NULL}),
+  'the launcher shows in pg_stat_activity, connected to no database');
+my $launcher = launcher_pid();
+
+# --- two databases at once -------------------------------------------------------------
+
+for my $db ('alpha', 'beta') {
+  $node->safe_psql('postgres', "CREATE DATABASE $db");
+  $node->safe_psql($db, 'CREATE EXTENSION idempotency');
+  add_keys($db, 'live', 50, q{now() + interval '1 hour'});
+}
+
+my $start = time();
+add_keys('alpha', 'old', 5000, q{now() - interval '1 minute' + g * interval '1 ms'});
+add_keys('beta', 'old', 3000, q{now() - interval '1 second'});
+ok($node->poll_query_until('alpha',
+    q{SELECT count(*) = 0 FROM idempotency_keys WHERE key LIKE 'old%'}),
+  'expired keys disappear from the first database');
+ok($node->poll_query_until('beta',
+    q{SELECT count(*) = 0 FROM idempotency_keys WHERE key LIKE 'old%'}),
+  'expired keys disappear from the second database');
+my $elapsed = time() - $start;
+diag(sprintf('8000 expired keys in two databases deleted after %.2f s (interval %d ms)',
+  $elapsed, $interval_ms));
+# Generous against a loaded machine, but far below what a worker that ignored the
+# interval (default 60 s) would take.
+cmp_ok($elapsed, '<', 15, 'both databases were served within a few intervals');
+
+is(count_keys('alpha', 'live'), '50', 'live keys stay in the first database');
+is(count_keys('beta', 'live'), '50', 'live keys stay in the second database');
+is(stat_of('alpha', 'expired_deleted'), '5000', 'stats count the deleted keys (alpha)');
+is(stat_of('beta', 'expired_deleted'), '3000', 'stats count the deleted keys (beta)');
+is($node->safe_psql('alpha',
+    q{SELECT count(*) FROM idempotency_stats WHERE datname = 'postgres'}),
+  '0', 'a database without the extension gets no cleanup round');
+
+# --- locked rows stay ---------------------------------------------------------------------
+
+add_keys('alpha', 'locked', 1, q{now() - interval '1 hour'});
+my $holder = $node->background_psql('alpha');
+$holder->query_safe(q{BEGIN; SELECT key FROM idempotency_keys WHERE key = 'locked1' FOR UPDATE});
+add_keys('alpha', 'after', 200, q{now() - interval '1 second'});
+ok($node->poll_query_until('alpha',
+    q{SELECT count(*) = 0 FROM idempotency_keys WHERE key LIKE 'after%'}),
+  'keys expired after the locked one are deleted');
+my $runs = stat_of('alpha', 'cleanup_runs');
+ok($node->poll_query_until('alpha',
+    "SELECT cleanup_runs >= $runs + 2 FROM idempotency_stats WHERE datname = 'alpha'"),
+  'two more rounds ran while the row was locked');
+is(count_keys('alpha', 'locked'), '1', 'the locked expired row is skipped, not waited for');
+$holder->query_safe('COMMIT');
+$holder->quit;
+ok($node->poll_query_until('alpha',
+    q{SELECT count(*) = 0 FROM idempotency_keys WHERE key = 'locked1'}),
+  'once unlocked, it is deleted by a later round');
+
+# --- CREATE EXTENSION in a new database --------------------------------------------------
+
+$node->safe_psql('postgres', 'CREATE DATABASE gamma');
+$node->safe_psql('gamma', 'CREATE EXTENSION idempotency');
+add_keys('gamma', 'old', 100, q{now() - interval '1 second'});
+ok($node->poll_query_until('gamma',
+    q{SELECT count(*) = 0 FROM idempotency_keys WHERE key LIKE 'old%'}),
+  'a database created later, with CREATE EXTENSION, is picked up without a restart');
+
+# DROP EXTENSION and CREATE EXTENSION again (a new table OID) in a served database.
+$node->safe_psql('gamma', 'DROP EXTENSION idempotency');
+$node->safe_psql('gamma', 'CREATE EXTENSION idempotency');
+add_keys('gamma', 'again', 100, q{now() - interval '1 second'});
+ok($node->poll_query_until('gamma',
+    q{SELECT count(*) = 0 FROM idempotency_keys WHERE key LIKE 'again%'}),
+  'DROP and CREATE EXTENSION are noticed too');
+
+# --- a failing round is logged, recorded, and retried ------------------------------------
+
+$node->safe_psql('beta', q{
+  CREATE FUNCTION refuse() RETURNS trigger LANGUAGE plpgsql
+    AS $$ BEGIN RAISE EXCEPTION 'cleanup refused by a test trigger'; END $$;
+  CREATE TRIGGER refuse BEFORE DELETE ON idempotency_keys
+    FOR EACH ROW EXECUTE FUNCTION refuse();
+});
+add_keys('beta', 'stuck', 10, q{now() - interval '1 second'});
+ok($node->poll_query_until('beta',
+    q{SELECT last_error LIKE '%cleanup refused by a test trigger%'
+        FROM idempotency_stats WHERE datname = 'beta'}),
+  'the error of a failing round shows in idempotency_stats.last_error');
+$runs = stat_of('beta', 'cleanup_runs');
+ok($node->poll_query_until('beta',
+    "SELECT cleanup_runs >= $runs + 2 FROM idempotency_stats WHERE datname = 'beta'"),
+  'later rounds keep trying');
+is(count_keys('beta', 'stuck'), '10', 'nothing was deleted while the round failed');
+ok($node->log_contains(qr/idempotency cleanup of database \d+ failed: cleanup refused/),
+  'the failure is in the server log');
+is(launcher_pid(), $launcher, 'the launcher did not restart (no crash loop)');
+$node->safe_psql('beta', 'DROP TRIGGER refuse ON idempotency_keys');
+ok($node->poll_query_until('beta', q{
+    SELECT count(*) = 0 FROM idempotency_keys WHERE key LIKE 'stuck%'}),
+  'once the cause is gone, the next round deletes the keys');
+ok($node->poll_query_until('beta',
+    q{SELECT last_error IS NULL FROM idempotency_stats WHERE datname = 'beta'}),
+  'and a successful round clears last_error');
+
+# --- SIGHUP: a new interval takes effect ----------------------------------------------
+
+$node->safe_psql('postgres', q{ALTER SYSTEM SET idempotency.cleanup_interval = '10min'});
+$node->reload;
+ok($node->poll_query_until('alpha', q{SELECT current_setting('idempotency.cleanup_interval') = '10min'}),
+  'the new interval is visible to new sessions');
+# SIGHUP sets the launcher's latch: it reloads at once (a round already started may still
+# finish). Then no round runs for 10 minutes: over a window of 1.5 s (7 old intervals)
+# expired keys stay and cleanup_runs stands still. The window observes an absence; it is
+# not a synchronization.
+my $before = stat_of('alpha', 'cleanup_runs');
+$node->safe_psql('postgres', 'SELECT pg_sleep(1.5)');
+cmp_ok(stat_of('alpha', 'cleanup_runs'), '<=', $before + 1, 'with a 10 min interval, rounds stop');
+$before = stat_of('alpha', 'cleanup_runs');
+add_keys('alpha', 'slow', 10, q{now() - interval '1 second'});
+$node->safe_psql('postgres', 'SELECT pg_sleep(1.5)');
+is(stat_of('alpha', 'cleanup_runs'), $before, 'no round ran in the next 1.5 s');
+is(count_keys('alpha', 'slow'), '10', 'expired keys wait for the next round');
+
+$node->safe_psql('postgres', q{ALTER SYSTEM SET idempotency.cleanup_interval = '200ms'});
+$start = time();
+$node->reload;
+ok($node->poll_query_until('alpha',
+    q{SELECT count(*) = 0 FROM idempotency_keys WHERE key LIKE 'slow%'}),
+  'after SIGHUP with a short interval, the launcher wakes up and deletes them');
+$elapsed = time() - $start;
+cmp_ok($elapsed, '<', 60, 'well before the old 10 min interval would have ended');
+
+is(launcher_pid(), $launcher, 'the same launcher process served the whole test');
+$node->stop;
+done_testing();
