@@ -1,0 +1,214 @@
+#!/usr/bin/env python3
+"""Aggregates the raw benchmark results of bench/run.sh into tables and goal verdicts.
+
+    report.py latency NAME SYNC REP TPS FAILED LOGFILE...   one TSV line per pgbench run
+    report.py claims claims.tsv                             throughput table and goals
+    report.py uuid uuid.tsv COUNT INSERTS                   gen_uuid_v7 vs gen_random_uuid
+    report.py wal wal.tsv                                   WAL bytes per transaction
+Only ratios within one run are meaningful: every competitor ran on the same machine, in
+the same minutes, interleaved.
+"""
+import statistics
+import sys
+
+LABELS = {
+    "floor_v7": "bare INSERT ON CONFLICT (v7 key)",
+    "floor_rand": "bare INSERT ON CONFLICT (random key)",
+    "claim_v7": "claim_key new (v7 key)",
+    "claim_rand": "claim_key new (random key)",
+    "pl_claim_v7": "PL/pgSQL claim new (v7 key)",
+    "inbox": "claim_key+complete_key (1 stmt)",
+    "pl_inbox": "PL/pgSQL claim+complete (1 stmt)",
+    "inbox_tx": "claim_key+complete_key (BEGIN..COMMIT)",
+    "pl_inbox_tx": "PL/pgSQL claim+complete (BEGIN..COMMIT)",
+    "pk_select": "primary-key SELECT (read ceiling)",
+    "replay": "claim_key replay",
+    "mismatch": "claim_key mismatch",
+    "in_progress": "claim_key in_progress",
+    "pl_replay": "PL/pgSQL replay (FOR UPDATE)",
+}
+
+
+def percentile(sorted_values, fraction):
+    if not sorted_values:
+        return float("nan")
+    index = min(len(sorted_values) - 1, max(0, round(fraction * (len(sorted_values) - 1))))
+    return sorted_values[index]
+
+
+def latency(args):
+    """pgbench --log lines: client tx_no latency_us script_no epoch epoch_us."""
+    name, sync, rep, tps, failed, *files = args
+    values = []
+    for path in files:
+        with open(path) as log:
+            for line in log:
+                fields = line.split()
+                if len(fields) >= 3 and fields[2].isdigit():
+                    values.append(int(fields[2]))
+    values.sort()
+    print("\t".join([name, sync, rep, tps or "nan", failed,
+                     "%.0f" % percentile(values, 0.50), "%.0f" % percentile(values, 0.99),
+                     str(len(values))]))
+
+
+def read_claims(path):
+    runs = {}
+    with open(path) as tsv:
+        for line in tsv:
+            name, sync, _rep, tps, failed, p50, p99, _n = line.rstrip("\n").split("\t")
+            runs.setdefault((name, sync), []).append((float(tps), int(failed), float(p50), float(p99)))
+    medians = {}
+    for key, values in runs.items():
+        medians[key] = {
+            "tps": statistics.median(v[0] for v in values),
+            "failed": sum(v[1] for v in values),
+            "p50": statistics.median(v[2] for v in values),
+            "p99": statistics.median(v[3] for v in values),
+            "reps": len(values),
+        }
+    return medians
+
+
+def verdict(ok):
+    return "PASS" if ok else "FAIL"
+
+
+def claims(args):
+    medians = read_claims(args[0])
+
+    def tps(name, sync):
+        entry = medians.get((name, sync)) or medians.get((name, "on"))
+        return entry["tps"] if entry else float("nan")
+
+    print("Throughput (transactions/s, median) and latency (ms, median of runs' p50 / p99)")
+    print("| workload | sync on tx/s | p50 | p99 | sync off tx/s | p50 | p99 | vs floor (on / off) |")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|")
+    for name, label in LABELS.items():
+        cells = []
+        for sync in ("on", "off"):
+            entry = medians.get((name, sync))
+            if entry is None:
+                cells += ["", "", ""]
+            else:
+                failed = " (%d failed)" % entry["failed"] if entry["failed"] else ""
+                cells += ["%.0f%s" % (entry["tps"], failed), "%.2f" % (entry["p50"] / 1000),
+                          "%.2f" % (entry["p99"] / 1000)]
+        floor = "floor_rand" if name.endswith("_rand") else "floor_v7"
+        ratios = []
+        for sync in ("on", "off"):
+            if (name, sync) in medians:
+                ratios.append("%.2fx" % (medians[(name, sync)]["tps"] / tps(floor, sync)))
+        print("| %s | %s | %s |" % (label, " | ".join(cells), " / ".join(ratios)))
+    print()
+    goals = [
+        ("claim of a new key >= 0.85x bare insert (sync off, v7 keys)",
+         tps("claim_v7", "off") / tps("floor_v7", "off"), 0.85),
+        ("claim of a new key >= 0.85x bare insert (sync off, random keys)",
+         tps("claim_rand", "off") / tps("floor_rand", "off"), 0.85),
+        ("claim+complete >= 0.8x bare insert (sync on, 1 statement)",
+         tps("inbox", "on") / tps("floor_v7", "on"), 0.8),
+        ("claim+complete >= 1.8x PL/pgSQL pair (sync on, 1 statement)",
+         tps("inbox", "on") / tps("pl_inbox", "on"), 1.8),
+        ("replay >= 0.7x primary-key SELECT",
+         tps("replay", "on") / tps("pk_select", "on"), 0.7),
+        ("replay >= 4x PL/pgSQL replay (sync on)",
+         tps("replay", "on") / tps("pl_replay", "on"), 4.0),
+    ]
+    print("| goal | measured | verdict |")
+    print("|---|---:|---|")
+    for label, ratio, target in goals:
+        print("| %s | %.2fx | %s |" % (label, ratio, verdict(ratio >= target)))
+    print()
+    print("Also (no goal): claim+complete BEGIN..COMMIT vs bare insert, sync on: %.2fx; vs the "
+          "PL/pgSQL pair BEGIN..COMMIT: %.2fx; sync off: %.2fx / %.2fx; claim vs PL/pgSQL claim, "
+          "sync off: %.2fx; replay vs PL/pgSQL replay, sync off: %.2fx."
+          % (tps("inbox_tx", "on") / tps("floor_v7", "on"),
+             tps("inbox_tx", "on") / tps("pl_inbox_tx", "on"),
+             tps("inbox_tx", "off") / tps("floor_v7", "off"),
+             tps("inbox_tx", "off") / tps("pl_inbox_tx", "off"),
+             tps("claim_v7", "off") / tps("pl_claim_v7", "off"),
+             tps("replay", "on") / tps("pl_replay", "off")))
+
+
+def uuid(args):
+    path, count, inserts = args[0], int(args[1]), int(args[2])
+    generate, insert_time, index_size = {}, {}, {}
+    with open(path) as tsv:
+        for line in tsv:
+            fields = line.rstrip("\n").split("\t")
+            if fields[0] == "generate":
+                generate.setdefault(fields[1], []).append(float(fields[3]))
+            else:
+                insert_time.setdefault(fields[1], []).append(float(fields[3]))
+                index_size.setdefault(fields[1], []).append(int(fields[4]))
+    g7, gr = statistics.median(generate["gen_uuid_v7"]), statistics.median(generate["gen_random_uuid"])
+    i7, ir = statistics.median(insert_time["gen_uuid_v7"]), statistics.median(insert_time["gen_random_uuid"])
+    s7, sr = statistics.median(index_size["gen_uuid_v7"]), statistics.median(index_size["gen_random_uuid"])
+    mb = 1024 * 1024
+    print("UUIDs (median of runs)")
+    print("| | gen_uuid_v7() | gen_random_uuid() | ratio | goal | verdict |")
+    print("|---|---:|---:|---:|---|---|")
+    print("| count() of %d values: s (us per value) | %.2f (%.3f) | %.2f (%.3f) | %.2fx faster | >= 2.5x | %s |"
+          % (count, g7, g7 / count * 1e6, gr, gr / count * 1e6, gr / g7, verdict(gr / g7 >= 2.5)))
+    print("| %d primary-key inserts: s | %.2f | %.2f | %.2fx the time | <= 0.6x | %s |"
+          % (inserts, i7, ir, i7 / ir, verdict(i7 / ir <= 0.6)))
+    print("| primary-key index size: MB | %.1f | %.1f | %.2fx the size | <= 0.8x | %s |"
+          % (s7 / mb, sr / mb, s7 / sr, verdict(s7 / sr <= 0.8)))
+
+
+def wal(args):
+    rows = {}
+    with open(args[0]) as tsv:
+        for line in tsv:
+            name, with_fpi, steady = line.rstrip("\n").split("\t")
+            rows[name] = (float(with_fpi), float(steady))
+    floor = rows["floor_v7"]
+    print("WAL bytes per transaction (one client; first run right after a CHECKPOINT, with "
+          "full-page images; second run steady state)")
+    print("| workload | after CHECKPOINT | ratio | steady | ratio |")
+    print("|---|---:|---:|---:|---:|")
+    for name, (with_fpi, steady) in rows.items():
+        print("| %s | %.0f | %.2fx | %.0f | %.2fx |"
+              % (LABELS.get(name, name), with_fpi, with_fpi / floor[0], steady, steady / floor[1]))
+    ratio = rows["inbox"][1] / floor[1]
+    ratio_fpi = rows["inbox"][0] / floor[0]
+    print()
+    print("| goal | measured | verdict |")
+    print("|---|---:|---|")
+    print("| WAL per claim+complete <= 1.3x bare insert (steady) | %.2fx | %s |" % (ratio, verdict(ratio <= 1.3)))
+    print("| WAL per claim+complete <= 1.3x bare insert (after CHECKPOINT) | %.2fx | %s |"
+          % (ratio_fpi, verdict(ratio_fpi <= 1.3)))
+
+
+def memory(args):
+    path, calls = args[0], int(args[1])
+    rows = []
+    with open(path) as tsv:
+        for line in tsv:
+            fields = line.rstrip("\n").split("\t")
+            if len(fields) == 4:
+                rows.append((fields[0], int(fields[1]), int(fields[2]), float(fields[3])))
+    kb = 1024
+    print("Memory of one backend over %d calls (claim+complete of a new key, replay, mismatch, "
+          "in_progress; COMMIT every 500 iterations)" % calls)
+    print("| snapshot | memory contexts kB | RssAnon kB | seconds |")
+    print("|---|---:|---:|---:|")
+    for label, contexts, rss, secs in rows:
+        print("| %s | %d | %d | %.0f |" % (label, contexts / kb, rss / kb, secs))
+    first, last = rows[0], rows[-1]
+    growth_ctx, growth_rss = last[1] - first[1], last[2] - first[2]
+    # Flat: growth after the warm-up under 1 MB in both measures (a leak of even 1 byte per
+    # call would show 10 MB over 10M calls).
+    ok = growth_ctx < 1024 * 1024 and growth_rss < 1024 * 1024
+    print()
+    print("| goal | measured | verdict |")
+    print("|---|---:|---|")
+    print("| backend memory flat over %d calls (growth after warm-up < 1 MB) | contexts %+d kB, RssAnon %+d kB | %s |"
+          % (calls, growth_ctx / kb, growth_rss / kb, verdict(ok)))
+    if rows[-1][3] > 0:
+        print("(%.1f us per call in the loop)" % (rows[-1][3] / calls * 1e6))
+
+
+if __name__ == "__main__":
+    {"latency": latency, "claims": claims, "uuid": uuid, "wal": wal, "memory": memory}[sys.argv[1]](sys.argv[2:])

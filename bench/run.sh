@@ -1,0 +1,250 @@
+#!/usr/bin/env bash
+# The benchmark suite (make bench). Sets up its own throw-away server, runs every
+# competitor side by side with pgbench, and prints throughput, p50/p99 latency and the
+# ratios the goals are stated in. Only ratios within one run mean anything.
+#
+#   bench/run.sh [PART...]     PART: claims uuid wal memory (default: all four)
+#                              scale    the scale curve (long; not part of the default)
+#                              profile  perf profile of the claim path (not in the default)
+#   QUICK=1 bench/run.sh       a short run (~2 minutes): fewer seconds, smaller counts
+#
+# Environment: BENCH_PORT (5460), BENCH_SECONDS / BENCH_REPS (per pgbench run),
+# BENCH_CLIENTS (8), BENCH_THREADS (2), BENCH_NO_BUILD=1 (use the installed extension),
+# SCALE_STEPS ("1 10": millions of keys for the scale curve).
+# Results: bench/results/latest/ (summary.txt, raw TSVs, pgbench logs of the last run).
+set -euo pipefail
+
+BENCH_HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+# shellcheck source=../test/lib.sh
+source "$BENCH_HERE/../test/lib.sh"
+
+QUICK="${QUICK:-0}"
+PORT="${BENCH_PORT:-5460}"
+CLIENTS="${BENCH_CLIENTS:-8}"
+THREADS="${BENCH_THREADS:-2}"
+NKEYS=100000
+if [[ $QUICK == 1 ]]; then
+  SECONDS_PER_RUN="${BENCH_SECONDS:-1}"
+  REPS="${BENCH_REPS:-3}"
+  UUID_COUNT=1000000
+  UUID_INSERTS=1000000
+  MEMORY_CALLS="${BENCH_MEMORY_CALLS:-500000}"
+  WAL_TX=5000
+else
+  SECONDS_PER_RUN="${BENCH_SECONDS:-3}"
+  REPS="${BENCH_REPS:-3}"
+  UUID_COUNT=5000000
+  UUID_INSERTS=3000000
+  MEMORY_CALLS="${BENCH_MEMORY_CALLS:-10000000}"
+  WAL_TX=20000
+fi
+
+PARTS=("$@")
+((${#PARTS[@]})) || PARTS=(claims uuid wal memory)
+for part in "${PARTS[@]}"; do
+  case $part in
+    claims | uuid | wal | memory | scale | profile) ;;
+    *) idem_die "unknown part '$part' (claims uuid wal memory scale profile)" ;;
+  esac
+done
+
+RESULTS="$BENCH_HERE/results"
+OUT="$RESULTS/latest"
+mkdir -p "$RESULTS"
+rm -rf "$OUT"
+mkdir -p "$OUT"
+
+ensure_packages
+if [[ ${BENCH_NO_BUILD:-0} != 1 ]]; then build_and_install; fi
+
+# Scratch (cluster, pgbench logs) owned by postgres under bench/results/.
+IDEM_SCRATCH="$RESULTS/scratch-$$"
+mkdir -p "$IDEM_SCRATCH"
+idem_is_root && chown -R postgres: "$RESULTS/scratch-$$"
+export IDEM_SCRATCH
+idem_scratch_init
+# Leftovers of runs that were killed.
+for old in "$RESULTS"/scratch-*; do
+  [[ -d $old && $old != "$IDEM_SCRATCH" ]] || continue
+  kill -0 "${old##*/scratch-}" 2>/dev/null && continue
+  idem_stop_servers_under "$old"
+  rm -rf "$old"
+done
+
+# Durable by default (fsync on): synchronous_commit = on then pays a real WAL flush.
+# Checkpoints and autovacuum are kept out of the measured runs (checkpoints only where a
+# part asks for one), so that no competitor pays for another's writes.
+cluster_start "$IDEM_SCRATCH/cluster" "$PORT" \
+  "fsync = on" \
+  "synchronous_commit = on" \
+  "shared_buffers = 128MB" \
+  "max_wal_size = 16GB" \
+  "checkpoint_timeout = 1h" \
+  "autovacuum = off" \
+  "max_connections = 40" \
+  "log_min_messages = warning"
+
+psql_q() { pg_psql -At "$@"; }
+
+summary() { printf '%s\n' "$*" | tee -a "$OUT/summary.txt"; }
+
+machine_line() {
+  printf '%s cores, %s, %s' "$(nproc)" \
+    "$(psql_q -c "SELECT split_part(version(), ' ', 2)" | sed 's/^/PostgreSQL /')" \
+    "$(date -u '+%Y-%m-%d %H:%M UTC')"
+}
+
+summary "idempotency benchmark: $(machine_line); pgbench -M prepared, $CLIENTS clients, $THREADS threads, ${REPS} x ${SECONDS_PER_RUN}s per workload (medians)$([[ $QUICK == 1 ]] && echo ', QUICK')"
+idem_log "setting up the benchmark database ..."
+pg_psql -v nkeys="$NKEYS" -f "$BENCH_HERE/sql/setup.sql" >/dev/null
+
+# ---------------------------------------------------------------------------------------
+# claims: every competitor side by side, repetitions interleaved (round-robin) so that
+# noise from other processes on the machine spreads over all of them.
+# ---------------------------------------------------------------------------------------
+
+# name:synchronous_commit settings. Read-only workloads commit nothing, so they run once.
+WORKLOADS=(
+  floor_v7:on,off floor_rand:on,off claim_v7:on,off claim_rand:on,off pl_claim_v7:on,off
+  inbox:on,off pl_inbox:on,off inbox_tx:on,off pl_inbox_tx:on,off
+  pk_select:on replay:on mismatch:on in_progress:on pl_replay:on,off
+)
+
+# pgbench_run NAME SYNC REP: one pgbench run; appends "name sync rep tps p50 p99 failed".
+pgbench_run() {
+  local name="$1" sync="$2" rep="$3" dir="$IDEM_SCRATCH/logs/$1-$2-$3" out
+  as_pg mkdir -p "$dir"
+  out="$(as_pg env PGOPTIONS="-c synchronous_commit=$sync" pgbench -n -M prepared \
+    -c "$CLIENTS" -j "$THREADS" -T "$SECONDS_PER_RUN" -D nkeys="$NKEYS" \
+    -f "$BENCH_HERE/workloads/$name.sql" -l --log-prefix="$dir/tx" --sampling-rate=0.25 2>&1)" ||
+    { printf '%s\n' "$out" >&2; idem_die "pgbench failed: $name (synchronous_commit=$sync)"; }
+  printf '%s\n' "$out" >"$dir/pgbench.out"
+  local tps failed
+  tps="$(sed -n 's/^tps = \([0-9.]*\) .*/\1/p' <<<"$out" | tail -1)"
+  failed="$(sed -n 's/^number of failed transactions: \([0-9]*\).*/\1/p' <<<"$out")"
+  python3 "$BENCH_HERE/report.py" latency "$name" "$sync" "$rep" "$tps" "${failed:-0}" "$dir"/tx.* \
+    >>"$OUT/claims.tsv"
+}
+
+run_claims() {
+  idem_log "claims: ${#WORKLOADS[@]} workloads x $REPS repetitions x ${SECONDS_PER_RUN}s ..."
+  : >"$OUT/claims.tsv"
+  local rep item name syncs sync
+  for ((rep = 1; rep <= REPS; rep++)); do
+    for item in "${WORKLOADS[@]}"; do
+      name="${item%%:*}"
+      syncs="${item#*:}"
+      for sync in ${syncs//,/ }; do
+        pgbench_run "$name" "$sync" "$rep"
+      done
+    done
+    idem_log "  repetition $rep done"
+  done
+  # Did every workload get the answer it is meant to measure?
+  psql_q -F ' ' -c "SELECT 'rows', (SELECT count(*) FROM idempotency_keys),
+                            (SELECT count(*) FROM floor_keys), (SELECT count(*) FROM pl_keys)" \
+    >"$OUT/claims-rows.txt"
+  psql_q -c "SELECT status, count(*) FROM idempotency_keys GROUP BY 1 ORDER BY 1" >>"$OUT/claims-rows.txt"
+  python3 "$BENCH_HERE/report.py" claims "$OUT/claims.tsv" | tee -a "$OUT/summary.txt"
+}
+
+# ---------------------------------------------------------------------------------------
+# uuid: gen_uuid_v7() against gen_random_uuid()
+# ---------------------------------------------------------------------------------------
+
+# Seconds an SQL statement takes inside the server (no client transfer).
+timed_sql() {
+  psql_q -c "DO \$\$ DECLARE t timestamptz := clock_timestamp(); BEGIN
+               EXECUTE \$q\$$1\$q\$;
+               RAISE NOTICE 'elapsed %', extract(epoch FROM clock_timestamp() - t); END \$\$" 2>&1 |
+    sed -n 's/.*elapsed \([0-9.]*\).*/\1/p'
+}
+
+run_uuid() {
+  idem_log "uuid: count() of $UUID_COUNT values, $UUID_INSERTS primary-key inserts ..."
+  : >"$OUT/uuid.tsv"
+  local rep fn
+  for ((rep = 1; rep <= 3; rep++)); do
+    for fn in gen_uuid_v7 gen_random_uuid; do
+      printf 'generate\t%s\t%s\t%s\n' "$fn" "$rep" \
+        "$(timed_sql "SELECT count($fn()) FROM generate_series(1, $UUID_COUNT)")" >>"$OUT/uuid.tsv"
+    done
+  done
+  # Primary-key inserts in one statement each, from a checkpointed start; tables dropped
+  # afterwards. Alternated twice so that neither always runs on a warmer server.
+  for rep in 1 2; do
+    for fn in gen_uuid_v7 gen_random_uuid; do
+      psql_q -c "DROP TABLE IF EXISTS uuid_$fn; CREATE TABLE uuid_$fn (id uuid PRIMARY KEY, n int); CHECKPOINT" >/dev/null
+      local secs size
+      secs="$(timed_sql "INSERT INTO uuid_$fn SELECT $fn(), n FROM generate_series(1, $UUID_INSERTS) n")"
+      size="$(psql_q -c "SELECT pg_relation_size('uuid_${fn}_pkey')")"
+      printf 'insert\t%s\t%s\t%s\t%s\n' "$fn" "$rep" "$secs" "$size" >>"$OUT/uuid.tsv"
+      psql_q -c "DROP TABLE uuid_$fn" >/dev/null
+    done
+  done
+  python3 "$BENCH_HERE/report.py" uuid "$OUT/uuid.tsv" "$UUID_COUNT" "$UUID_INSERTS" | tee -a "$OUT/summary.txt"
+}
+
+# ---------------------------------------------------------------------------------------
+# wal: WAL bytes per transaction, from pg_current_wal_lsn() differences
+# ---------------------------------------------------------------------------------------
+
+# wal_of WORKLOAD: runs WAL_TX transactions on one connection twice: right after a
+# CHECKPOINT (full-page images of every page touched first) and then again (steady state:
+# images only for pages new since the checkpoint). Prints "with_fpi steady" bytes/tx.
+wal_of() {
+  local name="$1" a b c
+  psql_q -c "CHECKPOINT" >/dev/null
+  a="$(psql_q -c "SELECT pg_current_wal_lsn()")"
+  as_pg pgbench -n -M prepared -c 1 -t "$WAL_TX" -D nkeys="$NKEYS" -f "$BENCH_HERE/workloads/$name.sql" >/dev/null
+  b="$(psql_q -c "SELECT pg_current_wal_lsn()")"
+  as_pg pgbench -n -M prepared -c 1 -t "$WAL_TX" -D nkeys="$NKEYS" -f "$BENCH_HERE/workloads/$name.sql" >/dev/null
+  c="$(psql_q -c "SELECT pg_current_wal_lsn()")"
+  psql_q -c "SELECT pg_wal_lsn_diff('$b', '$a') / $WAL_TX, pg_wal_lsn_diff('$c', '$b') / $WAL_TX" -F $'\t'
+}
+
+run_wal() {
+  idem_log "wal: $WAL_TX transactions per workload ..."
+  : >"$OUT/wal.tsv"
+  local name
+  for name in floor_v7 claim_v7 inbox inbox_tx pl_inbox pl_replay replay; do
+    printf '%s\t%s\n' "$name" "$(wal_of "$name")" >>"$OUT/wal.tsv"
+  done
+  python3 "$BENCH_HERE/report.py" wal "$OUT/wal.tsv" | tee -a "$OUT/summary.txt"
+}
+
+# ---------------------------------------------------------------------------------------
+# memory: one backend's memory before and after MEMORY_CALLS calls
+# ---------------------------------------------------------------------------------------
+
+# One psql session = one backend: a warm-up, a snapshot, MEMORY_CALLS calls of every kind
+# (per iteration: claim + complete of a new key, 3 replays, 3 in_progress, 2 mismatches; a
+# COMMIT every 500 iterations), a snapshot half-way and at the end. Compares the backend's
+# memory contexts (pg_backend_memory_contexts) and its private memory (RssAnon).
+run_memory() {
+  idem_log "memory: $MEMORY_CALLS calls in one backend ..."
+  local iterations=$((MEMORY_CALLS / 10)) warmup=$((MEMORY_CALLS / 100))
+  pg_psql -At -F $'\t' -v iterations="$iterations" -v warmup="$warmup" -v nkeys="$NKEYS" \
+    -f "$BENCH_HERE/sql/memory.sql" >"$OUT/memory.tsv"
+  python3 "$BENCH_HERE/report.py" memory "$OUT/memory.tsv" "$MEMORY_CALLS" | tee -a "$OUT/summary.txt"
+}
+
+# ---------------------------------------------------------------------------------------
+# scale: claim throughput and sizes as the table grows
+# ---------------------------------------------------------------------------------------
+
+run_scale() {
+  bash "$BENCH_HERE/scale.sh" | tee -a "$OUT/summary.txt"
+}
+
+run_profile() {
+  bash "$BENCH_HERE/profile.sh" | tee -a "$OUT/summary.txt"
+}
+
+export BENCH_HERE OUT NKEYS CLIENTS THREADS PORT
+for part in "${PARTS[@]}"; do
+  summary ""
+  "run_$part"
+done
+cp "$OUT/summary.txt" "$RESULTS/summary-$(date -u +%Y%m%dT%H%M%S).txt"
+idem_log "summary: $OUT/summary.txt"

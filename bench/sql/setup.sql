@@ -1,0 +1,113 @@
+-- Benchmark schema: the extension plus equivalent tables for the competitors.
+-- Run by bench/run.sh as the superuser postgres on its throw-away server.
+-- psql variables: nkeys (preloaded completed / processing keys per table).
+
+CREATE EXTENSION idempotency;
+
+-- The floor and the hand-written PL/pgSQL alternative use tables with the same columns,
+-- defaults, primary key, expires_at index and fillfactor as idempotency_keys.
+CREATE TABLE floor_keys (LIKE idempotency_keys INCLUDING ALL) WITH (fillfactor = 90);
+CREATE TABLE pl_keys (LIKE idempotency_keys INCLUDING ALL) WITH (fillfactor = 90);
+
+-- The fingerprint every benchmark request carries (SHA-256 of a small payload) and a
+-- different one for the mismatch benchmark.
+CREATE FUNCTION bench_fp() RETURNS bytea IMMUTABLE LANGUAGE sql
+  AS $$ SELECT request_fingerprint('{"amount": 100, "currency": "EUR"}'::jsonb) $$;
+
+-- Preloaded keys: 'c<n>' completed (replay, mismatch, primary-key SELECT) and 'p<n>'
+-- processing with a live lease (in_progress), stored as claim + complete store them.
+INSERT INTO idempotency_keys (scope, key, owner, fingerprint, attempts, ttl, created_at,
+                              expires_at, lease_token, locked_until, status, response_code,
+                              updated_at, response)
+SELECT '', 'c' || n, 'postgres'::regrole::oid, bench_fp(), 1, interval '24 hours', now(),
+       now() + interval '24 hours', gen_uuid_v7(), now() + interval '5 minutes', 'completed'::key_status,
+       200, now(), jsonb_build_object('status', 'ok', 'payment_id', n, 'amount', 100)
+  FROM generate_series(1, :nkeys) n
+UNION ALL
+SELECT '', 'p' || n, 'postgres'::regrole::oid, bench_fp(), 1, interval '24 hours', now(),
+       now() + interval '24 hours', gen_uuid_v7(), now() + interval '7 days', 'processing'::key_status,
+       NULL, now(), NULL
+  FROM generate_series(1, :nkeys) n;
+INSERT INTO floor_keys SELECT * FROM idempotency_keys;
+INSERT INTO pl_keys SELECT * FROM idempotency_keys;
+
+-- The obvious hand-written alternative, written plainly as a user would: insert on
+-- conflict, then read the row FOR UPDATE and apply the same checks as claim_key
+-- (expiry, owner, fingerprint, completed, lease).
+CREATE FUNCTION pl_claim(p_key text, p_fingerprint bytea DEFAULT NULL, p_scope text DEFAULT '',
+                         p_ttl interval DEFAULT '24 hours', p_lease interval DEFAULT '5 minutes',
+                         OUT status text, OUT token uuid, OUT response jsonb,
+                         OUT response_code integer)
+LANGUAGE plpgsql AS $$
+DECLARE
+  r pl_keys%ROWTYPE;
+BEGIN
+  token := gen_random_uuid();
+  INSERT INTO pl_keys (scope, key, owner, fingerprint, ttl, created_at, expires_at,
+                       lease_token, locked_until, updated_at)
+  VALUES (p_scope, p_key, current_user::regrole::oid, p_fingerprint, p_ttl, now(),
+          now() + p_ttl, token, now() + p_lease, now())
+  ON CONFLICT (scope, key) DO NOTHING;
+  IF FOUND THEN
+    status := 'claimed';
+    RETURN;
+  END IF;
+
+  SELECT * INTO r FROM pl_keys WHERE scope = p_scope AND key = p_key FOR UPDATE;
+  IF r.owner <> current_user::regrole::oid THEN
+    RAISE EXCEPTION 'key belongs to another role' USING ERRCODE = '42501';
+  END IF;
+  IF r.expires_at <= now() THEN
+    UPDATE pl_keys SET fingerprint = p_fingerprint, attempts = 1, ttl = p_ttl, created_at = now(),
+                       expires_at = now() + p_ttl, lease_token = token,
+                       locked_until = now() + p_lease, recovery_point = NULL,
+                       status = 'processing', response = NULL, response_code = NULL,
+                       updated_at = now()
+     WHERE scope = p_scope AND key = p_key;
+    status := 'claimed';
+    RETURN;
+  END IF;
+  IF p_fingerprint IS NOT NULL AND r.fingerprint IS NOT NULL AND r.fingerprint <> p_fingerprint THEN
+    status := 'mismatch';
+    token := NULL;
+    RETURN;
+  END IF;
+  IF r.status = 'completed' THEN
+    status := 'replay';
+    token := NULL;
+    response := r.response;
+    response_code := r.response_code;
+    RETURN;
+  END IF;
+  IF r.lease_token IS NOT NULL AND r.locked_until > now() THEN
+    status := 'in_progress';
+    token := NULL;
+    RETURN;
+  END IF;
+  UPDATE pl_keys SET attempts = attempts + 1, lease_token = token,
+                     locked_until = now() + p_lease, expires_at = now() + p_ttl,
+                     updated_at = now()
+   WHERE scope = p_scope AND key = p_key;
+  status := 'reclaimed';
+END
+$$;
+
+CREATE FUNCTION pl_complete(p_key text, p_token uuid, p_response jsonb,
+                            p_response_code integer DEFAULT NULL, p_scope text DEFAULT '')
+RETURNS text
+LANGUAGE plpgsql AS $$
+BEGIN
+  UPDATE pl_keys SET status = 'completed', response = p_response,
+                     response_code = p_response_code, updated_at = now(),
+                     expires_at = now() + ttl
+   WHERE scope = p_scope AND key = p_key AND lease_token = p_token
+     AND status = 'processing' AND owner = current_user::regrole::oid;
+  IF NOT FOUND THEN
+    RAISE EXCEPTION 'token does not hold key %', p_key USING ERRCODE = '55000';
+  END IF;
+  RETURN 'replay';
+END
+$$;
+
+VACUUM ANALYZE;
+CHECKPOINT;

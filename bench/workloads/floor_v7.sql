@@ -1,0 +1,2 @@
+-- The floor: a bare INSERT ... ON CONFLICT DO NOTHING of a new key (the values a claim stores).
+INSERT INTO floor_keys (scope, key, owner, fingerprint, attempts, ttl, created_at, expires_at, lease_token, locked_until, status, updated_at) VALUES ('', gen_uuid_v7()::text, 10, bench_fp(), 1, '24 hours', now(), now() + interval '24 hours', gen_uuid_v7(), now() + interval '5 minutes', 'processing', now()) ON CONFLICT (scope, key) DO NOTHING;

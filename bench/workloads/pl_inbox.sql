@@ -1,0 +1,4 @@
+-- The PL/pgSQL pair, one statement: pl_claim + pl_complete of a new key in one transaction.
+SELECT c FROM (SELECT gen_uuid_v7()::text AS k) s,
+  LATERAL pl_claim(s.k, bench_fp()) cl,
+  LATERAL pl_complete(s.k, cl.token, '{"status": "ok", "payment_id": 12345, "amount": 100}', 200) c;
