@@ -16,7 +16,7 @@ if ! idem_pg_can_reach "$IDEM_ROOT"; then
 fi
 idem_log "Starting a throw-away PostgreSQL 15 in $dir ..."
 mkdir -p "$dir"
-cluster_start "$dir" "" "log_min_messages = warning"
+cluster_start "$dir" "" "log_min_messages = warning" || idem_die "could not start the demo server"
 # The demo script is read from the cluster dir, which postgres can read.
 cp "$IDEM_ROOT/demo/demo.sql" "$dir/demo.sql"
 idem_is_root && chown postgres: "$dir/demo.sql"

@@ -206,18 +206,25 @@ idem_free_port() {
 }
 
 # cluster_start DIR [PORT] [CONF_LINE...]: initdb DIR/data as postgres, start it with
-# its socket in DIR, and export PGHOST / PGPORT / PGUSER / PGDATABASE for it.
+# its socket in DIR, and export PGHOST / PGPORT / PGUSER / PGDATABASE for it. Returns
+# non-zero (with the log's tail on stderr) when the server cannot start.
 cluster_start() {
   local dir="$1" port="${2:-}"
   shift $(($# >= 2 ? 2 : 1))
-  [[ -n $port ]] || port="$(idem_free_port 5440 5449)" || idem_die "no free port in 5440-5449"
+  if [[ -z $port ]]; then
+    port="$(idem_free_port 5440 5449)" || { idem_log "error: no free port in 5440-5449"; return 1; }
+  fi
   idem_install_traps
   [[ -d $dir ]] || mkdir -p "$dir"
   idem_is_root && chown postgres: "$dir"
   idem_stop_servers_under "$dir"
   as_pg rm -rf "$dir/data"
   as_pg initdb -D "$dir/data" -U postgres -A trust -E UTF8 --no-locale --no-sync \
-    >"$dir/initdb.log" 2>&1 || { tail -20 "$dir/initdb.log" >&2; idem_die "initdb failed in $dir"; }
+    >"$dir/initdb.log" 2>&1 || {
+    tail -20 "$dir/initdb.log" >&2
+    idem_log "error: initdb failed in $dir"
+    return 1
+  }
   {
     echo "# added by test/lib.sh"
     echo "port = $port"
@@ -230,8 +237,11 @@ cluster_start() {
     for line in "$@"; do echo "$line"; done
   } | as_pg tee -a "$dir/data/postgresql.conf" >/dev/null
   IDEM_CLUSTERS+=("$dir")
-  as_pg pg_ctl -D "$dir/data" -l "$dir/server.log" -w -t 60 start >/dev/null ||
-    { tail -30 "$dir/server.log" >&2; idem_die "the server in $dir did not start"; }
+  as_pg pg_ctl -D "$dir/data" -l "$dir/server.log" -w -t 60 start >/dev/null || {
+    tail -30 "$dir/server.log" >&2
+    idem_log "error: the server in $dir did not start"
+    return 1
+  }
   export PGHOST="$dir" PGPORT="$port" PGUSER=postgres PGDATABASE=postgres
 }
 
