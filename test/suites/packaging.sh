@@ -1,0 +1,169 @@
+#!/usr/bin/env bash
+# Suite: release metadata and the Debian package.
+#   - the version is written once (idempotency.control's default_version): META.json,
+#     its provides section, the extension script name and debian/changelog agree with it
+#   - META.json follows the PGXN meta spec 1.0.0 (required keys, semantic versions)
+#   - debian/control is current with debian/control.in (pg_buildext checkcontrol)
+#   - dpkg-buildpackage -us -uc -b builds postgresql-15-idempotency from a copy of the
+#     working tree; dpkg -i installs it; its files land; CREATE EXTENSION works on a
+#     throw-away server preloading the packaged library
+#   - then the package is removed and the previously installed files (`make install`'s)
+#     are put back, so the rest of the run still has the extension as built from the tree.
+#     (If the package was installed before the suite ran, it stays installed.)
+# Ends with "N passed, N failed".
+set -uo pipefail
+source "$(dirname "$0")/../lib.sh"
+IDEM_PACKAGES+=(build-essential debhelper dpkg-dev postgresql-server-dev-all python3)
+ensure_packages
+build_and_install
+idem_scratch_init
+cd "$IDEM_ROOT"
+
+passed=0 failed=0
+ok() { echo "ok - $1"; passed=$((passed + 1)); }
+not_ok() { echo "not ok - $1"; failed=$((failed + 1)); }
+check() { # NAME CMD...
+  local name="$1"
+  shift
+  if "$@"; then ok "$name"; else not_ok "$name"; fi
+}
+same() { # NAME EXPECTED ACTUAL
+  if [[ $2 == "$3" ]]; then ok "$1"; else not_ok "$1 (expected '$2', got '$3')"; fi
+}
+
+# --- one version -----------------------------------------------------------------------
+VERSION="$(sed -n "s/^default_version *= *'\(.*\)'/\1/p" idempotency.control)"
+[[ -n $VERSION ]] || idem_die "no default_version in idempotency.control"
+# PGXN wants semantic versions: 1.0 -> 1.0.0
+SEMVER="$VERSION"
+[[ $SEMVER =~ ^[0-9]+\.[0-9]+$ ]] && SEMVER="$SEMVER.0"
+echo "# idempotency.control default_version = $VERSION (PGXN $SEMVER)"
+
+meta() { /usr/bin/python3 -c 'import json,sys; d=json.load(open("META.json"))
+for k in sys.argv[1].split("."): d = d.get(k) if isinstance(d, dict) else None
+print("" if d is None else d)' "$1"; }
+check "META.json is valid JSON" /usr/bin/python3 -m json.tool META.json /dev/null
+same "META.json version matches the control file" "$SEMVER" "$(meta version)"
+same "META.json provides.idempotency.version matches" "$SEMVER" "$(meta provides.idempotency.version)"
+same "META.json provides.idempotency.file is the extension script" \
+  "idempotency--$VERSION.sql" "$(meta provides.idempotency.file)"
+check "the extension script idempotency--$VERSION.sql exists" test -f "idempotency--$VERSION.sql"
+missing=""
+for k in name abstract maintainer license provides meta-spec.version; do
+  [[ -n $(meta "$k") ]] || missing+=" $k"
+done
+same "META.json has every key the PGXN spec requires" "" "$missing"
+same "META.json meta-spec version" "1.0.0" "$(meta meta-spec.version)"
+same "META.json name is the extension name" "idempotency" "$(meta name)"
+DEB_VERSION="$(dpkg-parsechangelog -S Version)"
+same "debian/changelog upstream version matches the control file" "$VERSION" "${DEB_VERSION%-*}"
+check "debian/control is current with control.in (pg_buildext checkcontrol)" \
+  pg_buildext checkcontrol
+
+# --- build the .deb from a copy of the working tree ------------------------------------
+BUILD="$IDEM_SCRATCH/deb"
+SRC="$BUILD/idempotency-$VERSION"
+rm -rf "$BUILD"
+mkdir -p "$SRC"
+# Tracked and new files as they are in the work tree, without build products.
+git ls-files -z --cached --others --exclude-standard |
+  while IFS= read -r -d '' f; do [[ -e $f ]] && printf '%s\0' "$f"; done |
+  tar -c --null -T - | tar -x -C "$SRC"
+echo "# dpkg-buildpackage -us -uc -b in $SRC"
+start=$SECONDS
+(cd "$SRC" && dpkg-buildpackage -us -uc -b -j"$(nproc)") >"$BUILD/build.log" 2>&1
+rc=$?
+echo "# build took $((SECONDS - start)) s"
+DEB="$BUILD/postgresql-${IDEM_PG_MAJOR}-idempotency_${DEB_VERSION}_$(dpkg --print-architecture).deb"
+if ((rc == 0)) && [[ -f $DEB ]]; then
+  ok "dpkg-buildpackage builds $(basename "$DEB")"
+else
+  tail -40 "$BUILD/build.log" | sed 's/^/    | /'
+  not_ok "dpkg-buildpackage (exit $rc)"
+  echo "${passed} passed, ${failed} failed"
+  exit 1
+fi
+PKG="postgresql-${IDEM_PG_MAJOR}-idempotency"
+PKGLIB="$("$IDEM_PG_CONFIG" --pkglibdir)"
+EXTDIR="$("$IDEM_PG_CONFIG" --sharedir)/extension"
+contents="$(dpkg-deb -c "$DEB")"
+for f in "$PKGLIB/idempotency.so" "$EXTDIR/idempotency.control" "$EXTDIR/idempotency--$VERSION.sql"; do
+  check "the package ships $f" grep -qF ".$f" <<<"$contents"
+done
+
+if ! idem_is_root; then
+  echo "# not root: installing the package is skipped"
+  echo "${passed} passed, ${failed} failed"
+  ((failed == 0))
+  exit
+fi
+
+# --- install it, use it, put the previous state back -------------------------------------
+BACKUP="$BUILD/backup"
+mkdir -p "$BACKUP"
+pre_installed=0
+dpkg-query -W -f='${Status}' "$PKG" 2>/dev/null | grep -q 'install ok installed' && pre_installed=1
+cp -p "$PKGLIB"/idempotency.so "$EXTDIR"/idempotency.control "$EXTDIR"/idempotency--*.sql "$BACKUP"/ 2>/dev/null
+restored=0
+restore() {
+  ((restored)) && return 0
+  restored=1
+  [[ -n ${PGDATA_DIR:-} ]] && cluster_stop "$PGDATA_DIR"
+  if ((pre_installed)); then
+    echo "# $PKG was installed before this suite: it stays installed (now this tree's build)"
+  else
+    dpkg -r "$PKG" >"$BUILD/remove.log" 2>&1 || { cat "$BUILD/remove.log"; return 1; }
+    local f
+    for f in "$BACKUP"/*; do
+      [[ -e $f ]] || continue
+      case "$(basename "$f")" in
+        *.so) cp -p "$f" "$PKGLIB/" ;;
+        *) cp -p "$f" "$EXTDIR/" ;;
+      esac
+    done
+  fi
+}
+trap 'rc=$?; restore; (exit $rc); idem_on_exit' EXIT
+
+# Other builds in this tree wait while the installed files are the package's.
+mkdir -p "$IDEM_ROOT/.test-run"
+exec 9>"$IDEM_ROOT/.test-run/build.lock"
+flock 9
+if dpkg -i "$DEB" >"$BUILD/install.log" 2>&1; then
+  ok "dpkg -i installs $PKG"
+else
+  sed 's/^/    | /' "$BUILD/install.log"
+  not_ok "dpkg -i $PKG"
+fi
+owned="$(dpkg -L "$PKG" 2>/dev/null)"
+for f in "$PKGLIB/idempotency.so" "$EXTDIR/idempotency.control" "$EXTDIR/idempotency--$VERSION.sql"; do
+  check "installed and owned by $PKG: $f" bash -c '[[ -f $1 ]] && grep -qxF "$1" <<<"$2"' _ "$f" "$owned"
+done
+check "dpkg --verify $PKG: files as packaged" dpkg --verify "$PKG"
+
+PGDATA_DIR="$IDEM_SCRATCH/pg"
+cluster_start "$PGDATA_DIR" "$(idem_free_port 5480 5489)" # preloads the packaged library
+q() { psql -X -qAt -v ON_ERROR_STOP=1 -d postgres "$@"; }
+check "CREATE EXTENSION idempotency with the packaged files" q -c "CREATE EXTENSION idempotency"
+same "installed extension version" "$VERSION" "$(q -c "SELECT extversion FROM pg_extension WHERE extname = 'idempotency'")"
+same "claim_key, complete_key and the replay work" "claimed,replay,replay,201" \
+  "$(q -c "SELECT status FROM claim_key('pkg-test')" \
+       -c "SELECT status FROM complete_key('pkg-test', (SELECT lease_token FROM idempotency_keys WHERE key = 'pkg-test'), '{\"ok\": true}', 201)" \
+       -c "SELECT status || ',' || response_code FROM claim_key('pkg-test')" | paste -sd,)"
+same "the preloaded packaged library serves the shared counters" "t" \
+  "$(q -c "SELECT bool_and(shared_memory) FROM idempotency_stats")"
+cluster_stop "$PGDATA_DIR"
+
+restore
+if ((pre_installed)); then
+  ok "package state kept (it was installed before)"
+else
+  check "dpkg -r removed $PKG" bash -c "! dpkg-query -W -f='\${Status}' '$PKG' 2>/dev/null | grep -q 'install ok installed'"
+  check "the previously installed files are back" \
+    bash -c 'for f in "$1"/*; do n=$(basename "$f"); [[ $n == *.so ]] && d=$2 || d=$3; cmp -s "$f" "$d/$n" || exit 1; done' \
+    _ "$BACKUP" "$PKGLIB" "$EXTDIR"
+fi
+flock -u 9
+
+echo "${passed} passed, ${failed} failed"
+((failed == 0))
