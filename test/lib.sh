@@ -23,6 +23,7 @@ IDEM_PACKAGES=(
   libtap-parser-sourcehandler-pgtap-perl
   libipc-run-perl
   python3-psycopg
+  libfaketime
   pgbouncer
   make
   g++
