@@ -7,13 +7,14 @@
 #   - dpkg-buildpackage -us -uc -b builds postgresql-15-idempotency from a copy of the
 #     working tree; dpkg -i installs it; its files land; CREATE EXTENSION works on a
 #     throw-away server preloading the packaged library
+#   - a PGXN release zip of the same copy installs with `pgxn install` (into a DESTDIR)
 #   - then the package is removed and the previously installed files (`make install`'s)
 #     are put back, so the rest of the run still has the extension as built from the tree.
 #     (If the package was installed before the suite ran, it stays installed.)
 # Ends with "N passed, N failed".
 set -uo pipefail
 source "$(dirname "$0")/../lib.sh"
-IDEM_PACKAGES+=(build-essential debhelper dpkg-dev postgresql-server-dev-all python3)
+IDEM_PACKAGES+=(build-essential debhelper dpkg-dev postgresql-server-dev-all python3 pgxnclient)
 ensure_packages
 build_and_install
 idem_scratch_init
@@ -90,6 +91,30 @@ contents="$(dpkg-deb -c "$DEB")"
 for f in "$PKGLIB/idempotency.so" "$EXTDIR/idempotency.control" "$EXTDIR/idempotency--$VERSION.sql"; do
   check "the package ships $f" grep -qF ".$f" <<<"$contents"
 done
+
+# --- PGXN: the release zip installs with the PGXN client ------------------------------
+# A zip like `git archive --format zip --prefix=idempotency-X.Y.Z/`, made from the copy.
+ZIP="$BUILD/idempotency-$SEMVER.zip"
+(cd "$BUILD" && rm -rf "pgxn/idempotency-$SEMVER" && mkdir -p pgxn &&
+  cp -a "$SRC/." "pgxn/idempotency-$SEMVER/" && rm -rf "pgxn/idempotency-$SEMVER/debian" &&
+  cd pgxn && /usr/bin/python3 -c 'import shutil,sys; shutil.make_archive(sys.argv[1], "zip", ".", sys.argv[2])' \
+    "${ZIP%.zip}" "idempotency-$SEMVER")
+# pgxn install runs make and make install; a make wrapper sends the install to a DESTDIR.
+printf '#!/bin/sh\nexec make DESTDIR="%s" "$@"\n' "$BUILD/pgxn-root" >"$BUILD/make-destdir"
+chmod +x "$BUILD/make-destdir"
+(cd "$BUILD" && pgxn install --make "$BUILD/make-destdir" --pg_config "$IDEM_PG_CONFIG" "$ZIP") \
+  >"$BUILD/pgxn.log" 2>&1
+rc=$?
+pgxn_ok=1
+for f in "$PKGLIB/idempotency.so" "$EXTDIR/idempotency.control" "$EXTDIR/idempotency--$VERSION.sql"; do
+  [[ -f $BUILD/pgxn-root$f ]] || pgxn_ok=0
+done
+if ((rc == 0 && pgxn_ok)); then
+  ok "pgxn install of the release zip builds and installs the extension files"
+else
+  tail -30 "$BUILD/pgxn.log" | sed 's/^/    | /'
+  not_ok "pgxn install of the release zip (exit $rc)"
+fi
 
 if ! idem_is_root; then
   echo "# not root: installing the package is skipped"
