@@ -223,3 +223,8 @@ CREATE VIEW @extschema@.idempotency_stats AS
 COMMENT ON VIEW @extschema@.idempotency_stats IS
   'Per database since server start: claim outcomes, completions, releases, cleanup runs and '
   'deleted keys. Needs shared_preload_libraries = ''idempotency''; without it, one row says so.';
+-- Monitoring data, like pg_stat_*: for superusers and members of pg_monitor. (A view runs
+-- its functions with the rights of the querying role, so the function is granted too.)
+REVOKE ALL ON FUNCTION @extschema@.idempotency_stats_rows() FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION @extschema@.idempotency_stats_rows() TO pg_monitor;
+GRANT SELECT ON @extschema@.idempotency_stats TO pg_monitor;
