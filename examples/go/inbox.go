@@ -31,8 +31,7 @@ func HandleOnce(ctx context.Context, pool *pgxpool.Pool, key string, payload []b
 	effect func(pgx.Tx) (any, error)) (result []byte, replayed bool, err error) {
 	err = pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
 		var status string
-		var token *string
-		var response []byte
+		var token, response *string // NULL unless claimed / replay
 		var retryAfter *float64
 		err := tx.QueryRow(ctx,
 			`SELECT status::text, token::text, response::text, extract(epoch FROM retry_after)::float8
@@ -54,7 +53,7 @@ func HandleOnce(ctx context.Context, pool *pgxpool.Pool, key string, payload []b
 				key, *token, string(result))
 			return err // nil: BeginFunc commits the key, the effect and the outcome together
 		case "replay":
-			result, replayed = response, true
+			result, replayed = []byte(*response), true
 			return nil
 		case "mismatch":
 			return ErrMismatch
