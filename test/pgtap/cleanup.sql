@@ -1,0 +1,123 @@
+-- pgTAP: idempotency_cleanup and idempotency_stats. Everything runs in one transaction
+-- that is rolled back: the background worker of the test server never sees these rows, so
+-- every count is the function's own.
+\set ON_ERROR_STOP 1
+\pset format unaligned
+\pset tuples_only on
+SET client_min_messages = warning;
+BEGIN;
+
+SELECT plan(45);
+
+-------------------------------------------------------------------------------
+-- The SQL surface
+-------------------------------------------------------------------------------
+SELECT has_function('public', 'idempotency_cleanup', ARRAY['integer'], 'idempotency_cleanup(integer) exists');
+SELECT function_returns('public', 'idempotency_cleanup', ARRAY['integer'], 'bigint', 'it returns bigint');
+SELECT is_definer('public', 'idempotency_cleanup', ARRAY['integer'], 'it is SECURITY DEFINER');
+SELECT ok(NOT has_function_privilege('public', 'public.idempotency_cleanup(integer)', 'EXECUTE'),
+          'PUBLIC may not run it');
+SELECT ok(obj_description('public.idempotency_cleanup(integer)'::regprocedure, 'pg_proc') IS NOT NULL,
+          'it has a comment');
+SELECT has_view('public', 'idempotency_stats', 'the idempotency_stats view exists');
+SELECT columns_are('public', 'idempotency_stats', ARRAY[
+  'datname', 'database', 'shared_memory', 'claimed', 'reclaimed', 'replayed', 'in_progress',
+  'mismatched', 'completed', 'released', 'expired_deleted', 'cleanup_runs', 'last_cleanup',
+  'last_cleanup_deleted', 'stats_since', 'last_error', 'note'], 'idempotency_stats has its columns');
+SELECT ok(obj_description('public.idempotency_stats'::regclass, 'pg_class') IS NOT NULL,
+          'the view has a comment');
+SELECT ok(has_table_privilege('pg_monitor', 'public.idempotency_stats', 'SELECT'),
+          'pg_monitor may read the statistics');
+SELECT ok(NOT has_table_privilege('public', 'public.idempotency_stats', 'SELECT'),
+          'PUBLIC may not');
+
+-------------------------------------------------------------------------------
+-- Arguments
+-------------------------------------------------------------------------------
+SELECT throws_ok('SELECT idempotency_cleanup(0)', '22023', 'batch_size must be positive', 'batch_size 0: 22023');
+SELECT throws_ok('SELECT idempotency_cleanup(-1)', '22023', NULL, 'a negative batch_size: 22023');
+SELECT is(idempotency_cleanup(NULL), 0::bigint, 'NULL takes idempotency.cleanup_batch_size');
+SELECT is(idempotency_cleanup(), 0::bigint, 'nothing to delete: 0');
+
+-------------------------------------------------------------------------------
+-- Exactly the expired rows go, whatever the batch size
+-------------------------------------------------------------------------------
+CREATE FUNCTION add_random_keys(n int) RETURNS void LANGUAGE sql AS $$
+  INSERT INTO idempotency_keys (key, owner, ttl, created_at, expires_at, updated_at)
+  SELECT 'r-' || g || '-' || md5(random()::text), 10, '1 hour', now() - interval '2 hours',
+         clock_timestamp() + (random() - 0.5) * interval '2 hours', now()
+    FROM generate_series(1, n) g
+$$;
+CREATE TEMP TABLE run (batch int, expected bigint, deleted bigint, left_expired bigint, live_before bigint, live_after bigint);
+CREATE FUNCTION one_run(batch int) RETURNS void LANGUAGE plpgsql AS $$
+DECLARE
+  t0 timestamptz;
+  expected bigint;
+  live bigint;
+  deleted bigint;
+BEGIN
+  PERFORM add_random_keys(1000);
+  t0 := clock_timestamp();
+  SELECT count(*) FILTER (WHERE expires_at <= t0), count(*) FILTER (WHERE expires_at > t0 + interval '1 minute')
+    INTO expected, live FROM idempotency_keys;
+  deleted := idempotency_cleanup(batch);
+  INSERT INTO run SELECT batch, expected, deleted,
+    (SELECT count(*) FROM idempotency_keys WHERE expires_at <= t0),
+    live,
+    (SELECT count(*) FROM idempotency_keys WHERE expires_at > t0 + interval '1 minute');
+END $$;
+SELECT one_run(b) FROM unnest(ARRAY[1, 7, 100, 999, 1000, 5000]) b;
+SELECT is(left_expired, 0::bigint, format('batch %s: no row expired before the call is left', batch))
+  FROM run ORDER BY batch;
+SELECT ok(deleted >= expected AND deleted <= expected + 50,
+          format('batch %s: deleted %s, expired at the call %s (plus what expired during it)', batch, deleted, expected))
+  FROM run ORDER BY batch;
+SELECT is(live_after, live_before, format('batch %s: every row live a minute past the call stays', batch))
+  FROM run ORDER BY batch;
+
+-------------------------------------------------------------------------------
+-- Keys made by the protocol
+-------------------------------------------------------------------------------
+DELETE FROM idempotency_keys;
+SELECT is((claim_key('held', ttl => '1 us', lease => '1 hour')).status, 'claimed', 'a claim with a long lease');
+SELECT is((claim_key('gone', ttl => '1 us', lease => '1 us')).status, 'claimed', 'a claim that expires at once');
+SELECT pg_sleep(0.002);
+SELECT is(idempotency_cleanup(), 1::bigint, 'one expired claim deleted');
+SELECT is((SELECT array_agg(key) FROM idempotency_keys), ARRAY['held']::text[],
+          'a processing key never expires while its lease runs');
+
+-------------------------------------------------------------------------------
+-- Statistics
+-------------------------------------------------------------------------------
+SELECT ok((SELECT shared_memory FROM idempotency_stats WHERE datname = current_database()),
+          'the test server preloads the library: shared counters exist');
+CREATE TEMP TABLE s0 AS SELECT * FROM idempotency_stats WHERE datname = current_database();
+SELECT add_random_keys(0);
+INSERT INTO idempotency_keys (key, owner, ttl, created_at, expires_at, updated_at)
+  SELECT 's-' || g, 10, '1 hour', now(), now() - interval '1 hour', now() FROM generate_series(1, 77) g;
+SELECT is(idempotency_cleanup(10), 77::bigint, '77 expired keys deleted in batches of 10');
+SELECT cmp_ok((SELECT s.expired_deleted - s0.expired_deleted FROM idempotency_stats s, s0
+                WHERE s.datname = current_database()), '>=', 77::bigint,
+              'expired_deleted grew by at least 77');
+SELECT cmp_ok((SELECT s.cleanup_runs - s0.cleanup_runs FROM idempotency_stats s, s0
+                WHERE s.datname = current_database()), '>=', 1::bigint, 'cleanup_runs grew');
+SELECT ok((SELECT s.last_cleanup >= s0.stats_since FROM idempotency_stats s, s0
+            WHERE s.datname = current_database()), 'last_cleanup is set');
+SELECT is((SELECT claim_key('stats-a')).status, 'claimed', 'a claim');
+SELECT is((SELECT s.claimed - s0.claimed FROM idempotency_stats s, s0 WHERE s.datname = current_database()),
+          1::bigint, 'counted once in claimed');
+
+-------------------------------------------------------------------------------
+-- The extension dropped and created again in another schema: the backend's prepared
+-- statement is for the old table and must not be used
+-------------------------------------------------------------------------------
+DROP EXTENSION idempotency;
+CREATE SCHEMA idem;
+CREATE EXTENSION idempotency SCHEMA idem;
+INSERT INTO idem.idempotency_keys (key, owner, ttl, created_at, expires_at, updated_at)
+  SELECT 'n-' || g, 10, '1 hour', now(), now() - interval '1 hour', now() FROM generate_series(1, 12) g;
+SELECT is(idem.idempotency_cleanup(5), 12::bigint, 'cleanup in the new schema deletes from the new table');
+SELECT is((SELECT count(*) FROM idem.idempotency_keys), 0::bigint, 'which is empty afterwards');
+
+SELECT * FROM finish();
+ROLLBACK;
