@@ -1,0 +1,156 @@
+#!/usr/bin/env bash
+# The cleanup benchmark (issue 4), on a throw-away server:
+#
+#   1. deletion rate in rows/s on N expired keys (default 1M), three ways in the same run,
+#      each from the same freshly loaded and vacuumed table:
+#        worker     the background worker's round (triggered by a reload to a 100 ms
+#                   interval; timed from the reload to the end of the round it records)
+#        function   SELECT idempotency_cleanup()  (one transaction, batches of 5000)
+#        reference  a hand-written loop: DELETE ... USING (SELECT ctid ... LIMIT 5000
+#                   FOR UPDATE SKIP LOCKED), COMMIT per batch (bench/cleanup/setup.sql)
+#   2. claim_key latency (pgbench -M prepared, new keys) with 2N expired keys in the table:
+#      p50 / p99 while no cleanup runs, then while the worker deletes them.
+#
+# Prints the numbers and the ratios (worker / reference, p99 during / p99 without). A
+# benchmark reports; it asserts nothing. Goals: >= 150k rows/s, p99 ratio <= 1.5.
+#
+# Environment: CLEANUP_ROWS (1000000), CLEANUP_LATENCY_SECONDS (6), CLEANUP_CLIENTS (4),
+# CLEANUP_PORT (5451), BENCH_NO_BUILD=1 (use the installed extension),
+# CLEANUP_OUT (file to keep the summary in; default bench/results/cleanup-summary.txt).
+set -euo pipefail
+
+HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+# shellcheck source=../test/lib.sh
+source "$HERE/../test/lib.sh"
+
+ROWS="${CLEANUP_ROWS:-1000000}"
+LATENCY_SECONDS="${CLEANUP_LATENCY_SECONDS:-6}"
+CLIENTS="${CLEANUP_CLIENTS:-4}"
+PORT="${CLEANUP_PORT:-5451}"
+BATCH=5000
+OUT_FILE="${CLEANUP_OUT:-$IDEM_ROOT/bench/results/cleanup-summary.txt}"
+
+ensure_packages
+[[ ${BENCH_NO_BUILD:-0} == 1 ]] || build_and_install
+idem_scratch_init
+DIR="$IDEM_SCRATCH/cleanup_bench"
+# autovacuum off: every method starts from the same vacuumed table, and no vacuum lands
+# in one measurement and not in another. The worker's interval starts long (1 h): rounds
+# run only when the benchmark asks for them.
+cluster_start "$DIR" "$PORT" \
+  "idempotency.cleanup_interval = '1h'" \
+  "idempotency.cleanup_batch_size = $BATCH" \
+  "autovacuum = off" \
+  "shared_buffers = '1GB'" \
+  "max_wal_size = '8GB'" \
+  "checkpoint_timeout = '30min'"
+cp "$HERE/cleanup/setup.sql" "$HERE/cleanup/claim.sql" "$DIR/"
+idem_is_root && chown postgres: "$DIR"/*.sql
+
+q() { pg_psql -d bench -Atc "$1"; }
+now_s() { date +%s.%N; }
+ratio() { awk -v a="$1" -v b="$2" 'BEGIN { if (b == 0) print "nan"; else printf "%.2f", a / b }'; }
+
+pg_psql -d postgres -c 'CREATE DATABASE bench'
+q 'CREATE EXTENSION idempotency'
+pg_psql -d bench -f "$DIR/setup.sql" >/dev/null
+
+deleted_so_far() { q "SELECT coalesce(expired_deleted, 0) FROM idempotency_stats WHERE datname = 'bench'"; }
+
+load() { # N: N expired keys on a clean, vacuumed table
+  q "VACUUM idempotency_keys" >/dev/null
+  q "SELECT bench_load_expired($1)" >/dev/null
+  q "VACUUM ANALYZE idempotency_keys" >/dev/null
+  q "CHECKPOINT" >/dev/null
+}
+
+set_interval() {
+  q "ALTER SYSTEM SET idempotency.cleanup_interval = '$1'" >/dev/null
+  q "SELECT pg_reload_conf()" >/dev/null
+}
+
+# Waits until the worker has deleted `target` more keys than `base`; prints the end time
+# of the round that finished (epoch seconds, as recorded in idempotency_stats).
+wait_worker() {
+  local base="$1" target="$2" deadline=$((SECONDS + 600))
+  while (($(deleted_so_far) - base < target)); do
+    ((SECONDS < deadline)) || idem_die "the worker did not delete $target keys in 10 minutes"
+    sleep 0.02
+  done
+  q "SELECT extract(epoch FROM last_cleanup) FROM idempotency_stats WHERE datname = 'bench'"
+}
+
+echo "== cleanup benchmark: $ROWS expired keys, batches of $BATCH, $(nproc) cores"
+
+# --- 1. deletion rate ----------------------------------------------------------------------
+
+load "$ROWS"
+base="$(deleted_so_far)"
+t0="$(q 'SELECT extract(epoch FROM clock_timestamp())')"
+set_interval 100ms
+t1="$(wait_worker "$base" "$ROWS")"
+set_interval 1h
+worker_s="$(awk -v a="$t0" -v b="$t1" 'BEGIN { printf "%.3f", b - a }')"
+worker_rate="$(awk -v n="$ROWS" -v s="$worker_s" 'BEGIN { printf "%.0f", n / s }')"
+left="$(q 'SELECT count(*) FROM idempotency_keys')"
+echo "worker:     $ROWS rows in $worker_s s = $worker_rate rows/s  (left: $left)"
+
+load "$ROWS"
+t0="$(now_s)"
+n="$(q 'SELECT idempotency_cleanup()')"
+t1="$(now_s)"
+function_s="$(awk -v a="$t0" -v b="$t1" 'BEGIN { printf "%.3f", b - a }')"
+function_rate="$(awk -v n="$n" -v s="$function_s" 'BEGIN { printf "%.0f", n / s }')"
+echo "function:   $n rows in $function_s s = $function_rate rows/s"
+
+load "$ROWS"
+t0="$(now_s)"
+n="$(q "CALL bench_delete_loop($BATCH)")"
+t1="$(now_s)"
+reference_s="$(awk -v a="$t0" -v b="$t1" 'BEGIN { printf "%.3f", b - a }')"
+reference_rate="$(awk -v n="$n" -v s="$reference_s" 'BEGIN { printf "%.0f", n / s }')"
+echo "reference:  $n rows in $reference_s s = $reference_rate rows/s"
+
+# --- 2. claim latency with and without a running cleanup -----------------------------------
+
+LATENCY_ROWS=$((ROWS * 2))
+load "$LATENCY_ROWS"
+run_pgbench() { # PREFIX
+  as_pg pgbench -n -M prepared -c "$CLIENTS" -j 2 -T "$LATENCY_SECONDS" \
+    -f "$DIR/claim.sql" -l --log-prefix="$DIR/$1" bench >"$DIR/$1.out" 2>&1 ||
+    { cat "$DIR/$1.out" >&2; idem_die "pgbench failed"; }
+}
+run_pgbench without
+read -r n_without p50_without p99_without < <("$HERE/cleanup/percentiles.sh" "$DIR"/without.*)
+
+base="$(deleted_so_far)"
+set_interval 100ms
+run_pgbench during
+during_deleted=$(($(deleted_so_far) - base))
+set_interval 1h
+read -r n_during p50_during p99_during < <("$HERE/cleanup/percentiles.sh" "$DIR"/during.*)
+# The round commits per batch, so the count grows while it runs.
+covered="yes"
+((during_deleted < LATENCY_ROWS)) || covered="no (the cleanup finished before pgbench)"
+
+summary="$(
+  cat <<EOF
+cleanup benchmark ($(date -u +%FT%TZ), $(nproc) cores, PostgreSQL $(q 'SHOW server_version'))
+deletion of $ROWS expired keys (batches of $BATCH):
+  worker      $worker_rate rows/s  ($worker_s s)
+  function    $function_rate rows/s  ($function_s s, idempotency_cleanup(), one transaction)
+  reference   $reference_rate rows/s  ($reference_s s, hand-written DELETE ... USING loop)
+  ratio worker / reference     $(ratio "$worker_rate" "$reference_rate")   (goal: >= 150000 rows/s absolute)
+  ratio function / reference   $(ratio "$function_rate" "$reference_rate")
+claim_key latency, pgbench -M prepared, $CLIENTS clients, $LATENCY_SECONDS s each, $LATENCY_ROWS expired keys present:
+  without cleanup   p50 $p50_without ms   p99 $p99_without ms   ($n_without claims)
+  during cleanup    p50 $p50_during ms   p99 $p99_during ms   ($n_during claims; worker deleted $during_deleted meanwhile; covered the whole run: $covered)
+  ratio p99 during / without   $(ratio "$p99_during" "$p99_without")   (goal: <= 1.5)
+  ratio p50 during / without   $(ratio "$p50_during" "$p50_without")
+EOF
+)"
+echo
+echo "$summary"
+mkdir -p "$(dirname "$OUT_FILE")"
+echo "$summary" >"$OUT_FILE"
+cluster_stop "$DIR"
