@@ -72,6 +72,8 @@ Batch delete_batch(Oid table, TimestampTz now, TimestampTz from, int batch_size)
   batch.deleted = static_cast<uint64>(DatumGetInt64(SPI_getbinval(tuple, desc, 1, &is_null)));
   Datum last = SPI_getbinval(tuple, desc, 2, &is_null);
   batch.last_expiry = is_null ? from : DatumGetTimestampTz(last);
+  // Counted batch by batch, so that the view shows a long round's progress.
+  stats::count(stats::kExpiredDeleted, batch.deleted);
   return batch;
 }
 

@@ -43,6 +43,10 @@ constexpr int kMaxRunning = 4;
 constexpr long kRetryMs = 1000;
 // Seconds before the postmaster starts the launcher again when it exits with an error.
 constexpr int kLauncherRestartSeconds = 5;
+// A database worker stops after this much work and the launcher starts the next round at
+// once: a connection never lasts much longer than this, so DROP DATABASE (which waits up to
+// 5 s for other connections to go) always gets through, even during a long cleanup.
+constexpr int64 kRoundMicroseconds = 1000 * 1000;
 
 // ---------------------------------------------------------------------------------------
 // The launcher
@@ -58,6 +62,7 @@ struct LauncherState {
   Running running[kMaxRunning];
   int running_count;
   Oid* pending;  // databases of the current round not started yet
+  int pending_capacity;
   int pending_count;
   int pending_next;
 };
@@ -101,6 +106,7 @@ void plan_round(LauncherState& state) {
   int capacity = 16;
   int existing_count = 0;
   state.pending = static_cast<Oid*>(palloc(capacity * sizeof(Oid)));
+  state.pending_capacity = capacity;
   Oid* existing = static_cast<Oid*>(palloc(capacity * sizeof(Oid)));
   state.pending_count = 0;
   state.pending_next = 0;
@@ -114,6 +120,7 @@ void plan_round(LauncherState& state) {
       capacity *= 2;
       existing = static_cast<Oid*>(repalloc(existing, capacity * sizeof(Oid)));
       state.pending = static_cast<Oid*>(repalloc(state.pending, capacity * sizeof(Oid)));
+      state.pending_capacity = capacity;
     }
     existing[existing_count++] = database->oid;
     // Templates are skipped: a connection to template1 would make CREATE DATABASE fail.
@@ -134,13 +141,32 @@ void plan_round(LauncherState& state) {
   pgstat_report_activity(STATE_IDLE, nullptr);
 }
 
-// Forgets workers that have exited.
+// Adds a database to the pending list (grown as needed, in the launcher's context).
+void push_pending(LauncherState& state, Oid database) {
+  for (int i = state.pending_next; i < state.pending_count; ++i)
+    if (state.pending[i] == database) return;
+  if (state.pending == nullptr || state.pending_count == state.pending_capacity) {
+    int capacity = state.pending_capacity == 0 ? 16 : state.pending_capacity * 2;
+    MemoryContext old = MemoryContextSwitchTo(state.context);
+    state.pending = state.pending == nullptr
+                        ? static_cast<Oid*>(palloc(capacity * sizeof(Oid)))
+                        : static_cast<Oid*>(repalloc(state.pending, capacity * sizeof(Oid)));
+    MemoryContextSwitchTo(old);
+    state.pending_capacity = capacity;
+  }
+  state.pending[state.pending_count++] = database;
+}
+
+// Forgets workers that have exited; a database whose round stopped with expired keys left
+// gets its next round at once.
 void reap(LauncherState& state) {
   int kept = 0;
   for (int i = 0; i < state.running_count; ++i) {
     pid_t pid;
     if (GetBackgroundWorkerPid(state.running[i].handle, &pid) == BGWH_STOPPED) {
       pfree(state.running[i].handle);
+      if (stats::take_unfinished(state.running[i].database))
+        push_pending(state, state.running[i].database);
       continue;
     }
     state.running[kept++] = state.running[i];
@@ -254,6 +280,8 @@ void in_transaction(const char* activity, Body&& body) {
 void run_round() noexcept {
   uint64 deleted = 0;
   bool installed = false;
+  bool unfinished = false;
+  TimestampTz resume_from = DT_NOBEGIN;
   std::string failure;
   try {
     Oid table = InvalidOid;
@@ -265,13 +293,20 @@ void run_round() noexcept {
     // Keys that expire during the round are left to the next one: the round ends.
     const TimestampTz now = GetCurrentTimestamp();
     cleanup::Batch batch;
+    // After an unfinished round, go on where it stopped instead of walking again over the
+    // index entries of the keys it deleted (dead until VACUUM).
+    batch.last_expiry = stats::resume_point(MyDatabaseId);
+    bool full = false;
     do {
       in_transaction("idempotency cleanup: deleting a batch of expired keys", [&] {
         batch = cleanup::delete_batch(table, now, batch.last_expiry, batch_size);
       });
       deleted += batch.deleted;
       pg_call([] { CHECK_FOR_INTERRUPTS(); });
-    } while (batch.deleted >= static_cast<uint64>(batch_size));
+      full = batch.deleted >= static_cast<uint64>(batch_size);
+    } while (full && GetCurrentTimestamp() - now < kRoundMicroseconds);
+    unfinished = full;
+    resume_from = batch.last_expiry;
   } catch (PgError& e) {
     failure = e.what();
     ErrorData* error = e.release();
@@ -305,7 +340,8 @@ void run_round() noexcept {
     }
   }
   if (installed || !failure.empty())
-    stats::record_cleanup(MyDatabaseId, deleted, failure.empty() ? nullptr : failure.c_str());
+    stats::record_cleanup(MyDatabaseId, deleted, failure.empty() ? nullptr : failure.c_str(),
+                          unfinished, resume_from);
   if (deleted > 0)
     ereport(DEBUG1,
             (errmsg("idempotency cleanup deleted " UINT64_FORMAT " expired keys", deleted)));

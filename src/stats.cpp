@@ -16,6 +16,8 @@ struct DatabaseSlot {
   pg_atomic_uint64 counters[kCounterCount];
   TimestampTz last_cleanup;  // 0 = never; under the mutex
   uint64 last_cleanup_deleted;
+  bool unfinished;          // the last round left expired keys behind (read once by the launcher)
+  TimestampTz resume_from;  // where the round after an unfinished one starts
   char last_error[kErrorLength];
 };
 
@@ -49,6 +51,8 @@ void attach_memory() {
       for (pg_atomic_uint64& counter : slot.counters) pg_atomic_init_u64(&counter, 0);
       slot.last_cleanup = 0;
       slot.last_cleanup_deleted = 0;
+      slot.unfinished = false;
+      slot.resume_from = DT_NOBEGIN;
       slot.last_error[0] = '\0';
     }
   }
@@ -94,21 +98,47 @@ void count(Counter counter, uint64 n) {
   if (my_slot != nullptr) pg_atomic_fetch_add_u64(&my_slot->counters[counter], n);
 }
 
-void record_cleanup(Oid database, uint64 deleted, const char* error) {
+void record_cleanup(Oid database, uint64 deleted, const char* error, bool unfinished,
+                    TimestampTz resume_from) {
   if (shared == nullptr) return;
   DatabaseSlot* slot = slot_of(database);
   if (slot == nullptr) return;
   pg_atomic_fetch_add_u64(&slot->counters[kCleanupRuns], 1);
-  pg_atomic_fetch_add_u64(&slot->counters[kExpiredDeleted], deleted);
   TimestampTz now = GetCurrentTimestamp();
   SpinLockAcquire(&shared->mutex);
   slot->last_cleanup = now;
   slot->last_cleanup_deleted = deleted;
+  slot->unfinished = unfinished;
+  slot->resume_from = unfinished ? resume_from : DT_NOBEGIN;
   if (error != nullptr)
     strlcpy(slot->last_error, error, sizeof slot->last_error);
   else
     slot->last_error[0] = '\0';
   SpinLockRelease(&shared->mutex);
+}
+
+TimestampTz resume_point(Oid database) {
+  if (shared == nullptr) return DT_NOBEGIN;
+  DatabaseSlot* slot = slot_of(database);
+  if (slot == nullptr) return DT_NOBEGIN;
+  SpinLockAcquire(&shared->mutex);
+  TimestampTz resume_from = slot->resume_from;
+  SpinLockRelease(&shared->mutex);
+  return resume_from;
+}
+
+bool take_unfinished(Oid database) {
+  if (shared == nullptr) return false;
+  bool unfinished = false;
+  SpinLockAcquire(&shared->mutex);
+  for (DatabaseSlot& slot : shared->slots) {
+    if (slot.database != database) continue;
+    unfinished = slot.unfinished;
+    slot.unfinished = false;
+    break;
+  }
+  SpinLockRelease(&shared->mutex);
+  return unfinished;
 }
 
 void forget_dropped_databases(const Oid* existing, int count) {
@@ -130,6 +160,8 @@ void forget_dropped_databases(const Oid* existing, int count) {
       slot.database = InvalidOid;
       slot.last_cleanup = 0;
       slot.last_cleanup_deleted = 0;
+      slot.unfinished = false;
+      slot.resume_from = DT_NOBEGIN;
       slot.last_error[0] = '\0';
     }
     SpinLockRelease(&shared->mutex);
