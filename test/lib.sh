@@ -136,8 +136,9 @@ idem_pg_can_reach() {
 }
 
 # A scratch directory owned by the postgres user: project-local .test-run/run-<pid> when
-# postgres can reach the project, else /tmp/idempotency-test-<uid>/run-<pid>. Copies sql/, expected/ and test/
-# into $IDEM_SCRATCH/src so that every suite reads its inputs from there.
+# postgres can reach the project, else /tmp/idempotency-test-<uid>/run-<pid>. Copies
+# sql/, expected/ and test/ into $IDEM_SRC ($IDEM_SCRATCH/src), where every suite reads
+# its inputs. Removed when the script succeeds (unless IDEM_KEEP_SCRATCH is set).
 idem_scratch_init() {
   # A suite started by test/run.sh gets its own scratch dir and the shared input copy.
   if [[ -n ${IDEM_SCRATCH:-} && -d ${IDEM_SCRATCH:-} ]]; then
@@ -248,6 +249,8 @@ cluster_start() {
 
 cluster_stop() {
   local dir="$1"
+  # Later commands must not reach for a server that is gone.
+  [[ ${PGHOST:-} == "$dir" ]] && unset PGHOST PGPORT PGUSER PGDATABASE
   [[ -f $dir/data/postmaster.pid ]] || return 0
   as_pg pg_ctl -D "$dir/data" -m fast -w -t 30 stop >/dev/null 2>&1 ||
     as_pg pg_ctl -D "$dir/data" -m immediate -w -t 30 stop >/dev/null 2>&1 || true
