@@ -1,3 +1,4 @@
+# shellcheck shell=bash disable=SC2034  # variables here are used by the scripts that source it
 # Shared shell helpers for the test runner, the demo, the benchmarks and every suite in
 # test/suites/. Source it from bash:   source "$(dirname "$0")/../test/lib.sh"
 #
@@ -180,7 +181,7 @@ idem_scratch_init() {
 
 # The EXIT trap stops what this script started; signals end the script through it.
 idem_install_traps() {
-  [[ ${IDEM_TRAPS:-} == $$ ]] && return 0
+  [[ ${IDEM_TRAPS:-} == "$$" ]] && return 0
   IDEM_TRAPS=$$
   trap idem_on_exit EXIT
   trap 'idem_on_signal 130' INT

@@ -99,7 +99,8 @@ count_regress_output() {
 
 # run_regress_like SUITE TOOL INPUTDIR SUBDIR EXT TESTS...
 run_regress_like() {
-  local suite="$1" tool="$2" inputdir="$3" out="$IDEM_SCRATCH/$suite"
+  local suite="$1" tool="$2" inputdir="$3"
+  local out="$IDEM_SCRATCH/$suite"
   shift 3
   local -a tests=("$@")
   echo "== $suite: ${#tests[@]} test(s) (${tests[*]})"
