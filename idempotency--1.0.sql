@@ -44,7 +44,7 @@ COMMENT ON TYPE @extschema@.claim_result IS
 CREATE TABLE @extschema@.idempotency_keys (
   scope          text COLLATE "C" NOT NULL DEFAULT '',
   key            text COLLATE "C" NOT NULL,
-  owner          oid NOT NULL,
+  owner          regrole NOT NULL,
   fingerprint    bytea,
   attempts       integer NOT NULL DEFAULT 1,
   ttl            interval NOT NULL,
@@ -75,7 +75,7 @@ COMMENT ON TABLE @extschema@.idempotency_keys IS
   'through claim_key / complete_key / release_key / checkpoint_key.';
 COMMENT ON COLUMN @extschema@.idempotency_keys.scope IS 'Namespace of the key (tenant, API key, endpoint); '''' by default.';
 COMMENT ON COLUMN @extschema@.idempotency_keys.key IS 'The client''s idempotency key (at most idempotency.max_key_length bytes).';
-COMMENT ON COLUMN @extschema@.idempotency_keys.owner IS 'Role that claimed the key; other roles get SQLSTATE 42501.';
+COMMENT ON COLUMN @extschema@.idempotency_keys.owner IS 'Role that claimed the key (regrole: pg_dump writes its name, so a restore maps it to the same role in another cluster); other roles get SQLSTATE 42501.';
 COMMENT ON COLUMN @extschema@.idempotency_keys.fingerprint IS 'Digest of the request payload; NULL = not checked.';
 COMMENT ON COLUMN @extschema@.idempotency_keys.attempts IS 'How many times the key was claimed (1 + reclaims).';
 COMMENT ON COLUMN @extschema@.idempotency_keys.ttl IS 'How long the key is kept, counted from completion.';

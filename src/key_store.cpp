@@ -41,10 +41,10 @@ PlanSpec spec_of(PlanId id, const std::string& table) {
   const std::string fence = std::string(kWhereKey) + kWhereHolder;
   // Parameters of a claim: $1 scope, $2 key, $3 owner, $4 fingerprint, $5 ttl, $6 now,
   // $7 expires_at, $8 token, $9 locked_until.
-  const std::vector<Oid> claim_types = {TEXTOID,        TEXTOID,     OIDOID,
+  const std::vector<Oid> claim_types = {TEXTOID,        TEXTOID,     REGROLEOID,
                                         BYTEAOID,       INTERVALOID, TIMESTAMPTZOID,
                                         TIMESTAMPTZOID, UUIDOID,     TIMESTAMPTZOID};
-  const std::vector<Oid> fence_types = {TEXTOID, TEXTOID, UUIDOID, OIDOID, TIMESTAMPTZOID};
+  const std::vector<Oid> fence_types = {TEXTOID, TEXTOID, UUIDOID, REGROLEOID, TIMESTAMPTZOID};
   switch (id) {
     case kFind:
       return {select, {TEXTOID, TEXTOID}};
@@ -81,7 +81,7 @@ PlanSpec spec_of(PlanId id, const std::string& table) {
               " SET status = 'completed', response_code = $7, updated_at = $5, response = $6,"
               " expires_at = $8 WHERE " +
               fence + returning,
-          {TEXTOID, TEXTOID, UUIDOID, OIDOID, TIMESTAMPTZOID, JSONBOID, INT4OID, TIMESTAMPTZOID}};
+          {TEXTOID, TEXTOID, UUIDOID, REGROLEOID, TIMESTAMPTZOID, JSONBOID, INT4OID, TIMESTAMPTZOID}};
     case kRelease:
       return {"UPDATE " + table +
                   " SET lease_token = NULL, locked_until = NULL, updated_at = $5 WHERE " + fence,
@@ -91,7 +91,7 @@ PlanSpec spec_of(PlanId id, const std::string& table) {
                   " SET recovery_point = $6, locked_until = $7,"
                   " expires_at = GREATEST(expires_at, $7), updated_at = $5 WHERE " +
                   fence,
-              {TEXTOID, TEXTOID, UUIDOID, OIDOID, TIMESTAMPTZOID, TEXTOID, TIMESTAMPTZOID}};
+              {TEXTOID, TEXTOID, UUIDOID, REGROLEOID, TIMESTAMPTZOID, TEXTOID, TIMESTAMPTZOID}};
     default:
       throw Error(ERRCODE_INTERNAL_ERROR, "unknown statement");
   }

@@ -67,7 +67,7 @@ SELECT ok((SELECT uuid_v7_time(token) IS NOT NULL FROM t), 'claimed: the token i
 SELECT is((SELECT expires_at - created_at FROM t), '2 hours'::interval, 'claimed: expires after ttl');
 SELECT is((SELECT fingerprint FROM t), request_fingerprint('{"a": 1}'::jsonb), 'claimed: the fingerprint is returned');
 SELECT is((SELECT response FROM t), NULL, 'claimed: no response');
-SELECT is((SELECT owner FROM idempotency_keys WHERE key = 'sm-1'), (SELECT oid FROM pg_roles WHERE rolname = current_user),
+SELECT is((SELECT owner::oid FROM idempotency_keys WHERE key = 'sm-1'), (SELECT oid FROM pg_roles WHERE rolname = current_user),
           'the row belongs to the calling role');
 SELECT is((SELECT locked_until - created_at FROM idempotency_keys WHERE key = 'sm-1'), '10 min'::interval, 'the lease is as asked');
 
@@ -203,7 +203,7 @@ SELECT throws_ok($$INSERT INTO idempotency_keys (key, owner, ttl, created_at, ex
                    VALUES ('x', 1, '1h', now(), now(), now())$$, '42501', NULL, 'nor insert into it');
 SELECT throws_ok('SELECT idempotency_cleanup()', '42501', NULL, 'nor run the cleanup');
 RESET ROLE;
-SELECT is((SELECT owner FROM idempotency_keys WHERE key = 'sec-1'), 'tap_app_a'::regrole::oid,
+SELECT is((SELECT owner FROM idempotency_keys WHERE key = 'sec-1'), 'tap_app_a'::regrole,
           'owner is the caller, not the SECURITY DEFINER owner');
 SET ROLE tap_app_b;
 SELECT throws_ok($$SELECT claim_key('sec-1', request_fingerprint('p'::text))$$, '42501', NULL,
