@@ -72,10 +72,16 @@ ensure_packages() {
   if [[ ! -e $policy ]]; then
     printf '#!/bin/sh\nexit 101\n' >"$policy" && chmod 755 "$policy" && made_policy=1
   fi
-  local rc=0
-  { apt-get update -qq && apt-get install -y -qq --no-install-recommends "${missing[@]}"; } || rc=$?
+  local rc=0 log
+  log="$(mktemp /tmp/idempotency-apt.XXXXXX)"
+  { apt-get update -qq && apt-get install -y -q --no-install-recommends "${missing[@]}"; } \
+    >"$log" 2>&1 || rc=$?
   ((made_policy)) && rm -f "$policy"
-  ((rc == 0)) || idem_die "apt-get install failed (exit $rc)"
+  if ((rc != 0)); then
+    tail -30 "$log" >&2
+    idem_die "apt-get install failed (exit $rc); the whole log is $log"
+  fi
+  rm -f "$log"
   mapfile -t missing < <(idem_missing_packages)
   ((${#missing[@]} == 0)) || idem_die "still missing after apt-get install: ${missing[*]}"
 }
