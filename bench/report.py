@@ -210,5 +210,65 @@ def memory(args):
         print("(%.1f us per call in the loop)" % (rows[-1][3] / calls * 1e6))
 
 
+def scale(args):
+    path, seconds = args[0], args[1]
+    rows = []
+    with open(path) as tsv:
+        for line in tsv:
+            source, step, tps, count, heap, pkey, expires, shared_buffers = line.rstrip("\n").split("\t")
+            rows.append((source, float(step), float(tps or "nan"), int(count), int(heap), int(pkey),
+                         int(expires), shared_buffers))
+    mb = 1024 * 1024
+    print("Scale curve: claims of new keys (8 clients, synchronous_commit off, %ss per step) as "
+          "idempotency_keys grows; shared_buffers = %s" % (seconds, rows[0][7] if rows else "?"))
+    print("| keys | rows after | claims/s | vs first step | heap MB | primary key MB | expires_at index MB | bytes/row (all) |")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|")
+    first = {}
+    for source, step, tps, count, heap, pkey, expires, _ in rows:
+        first.setdefault(source, tps)
+        label = "%s %gM" % ("gen_uuid_v7()" if source == "v7" else "random text", step)
+        print("| %s | %d | %.0f | %.2fx | %.0f | %.0f | %.0f | %.0f |"
+              % (label, count, tps, tps / first[source], heap / mb, pkey / mb, expires / mb,
+                 (heap + pkey + expires) / max(count, 1)))
+
+
+def profile(args):
+    """perf report --children / --no-children text: inclusive shares of stages, self top."""
+    children_path, self_path, *symbols = args
+    inclusive = {}
+    with open(children_path) as report:
+        for line in report:
+            fields = line.split()
+            if len(fields) >= 4 and fields[0].endswith("%") and fields[2] == "[.]":
+                tail = fields[3:]
+                while tail and tail[-1] == "-":
+                    tail.pop()
+                name = " ".join(tail)
+                inclusive.setdefault(name, (float(fields[0][:-1]), float(fields[1][:-1])))
+    rows = [(name, inclusive[name]) for name in symbols if name in inclusive]
+    ours = sorted(((name, value) for name, value in inclusive.items() if "idem::" in name),
+                  key=lambda item: -item[1][0])[:12]
+    print("| function (inclusive %, self %) | |")
+    print("|---|---:|")
+    for name, (total, own) in rows + ours:
+        short = name.replace("(anonymous namespace)::", "")
+        if len(short) > 90:
+            short = short[:87] + "..."
+        print("| %s | %.1f%% (%.1f%%) |" % (short, total, own))
+    top = []
+    with open(self_path) as report:
+        for line in report:
+            fields = line.split()
+            if len(fields) >= 4 and fields[0].endswith("%"):
+                tail = fields[3:]
+                while tail and tail[-1] == "-":
+                    tail.pop()
+                top.append("%s %s (%s)" % (fields[0], " ".join(tail)[:60], fields[1]))
+            if len(top) == 12:
+                break
+    print("Top self: " + "; ".join(top))
+
+
 if __name__ == "__main__":
-    {"latency": latency, "claims": claims, "uuid": uuid, "wal": wal, "memory": memory}[sys.argv[1]](sys.argv[2:])
+    {"latency": latency, "claims": claims, "uuid": uuid, "wal": wal, "memory": memory,
+     "scale": scale, "profile": profile}[sys.argv[1]](sys.argv[2:])

@@ -84,6 +84,12 @@ cluster_start "$IDEM_SCRATCH/cluster" "$PORT" \
   "max_connections = 40" \
   "log_min_messages = warning"
 
+# perf resolves our symbols through its build-id cache even when a later `make install`
+# replaces the library file the server has mapped.
+if command -v perf >/dev/null; then
+  perf buildid-cache -a "$("$IDEM_PG_CONFIG" --pkglibdir)/idempotency.so" >/dev/null 2>&1 || true
+fi
+
 psql_q() { pg_psql -At "$@"; }
 
 summary() { printf '%s\n' "$*" | tee -a "$OUT/summary.txt"; }
@@ -145,7 +151,7 @@ run_claims() {
                             (SELECT count(*) FROM floor_keys), (SELECT count(*) FROM pl_keys)" \
     >"$OUT/claims-rows.txt"
   psql_q -c "SELECT status, count(*) FROM idempotency_keys GROUP BY 1 ORDER BY 1" >>"$OUT/claims-rows.txt"
-  python3 "$BENCH_HERE/report.py" claims "$OUT/claims.tsv" | tee -a "$OUT/summary.txt"
+  python3 "$BENCH_HERE/report.py" claims "$OUT/claims.tsv"
 }
 
 # ---------------------------------------------------------------------------------------
@@ -182,7 +188,7 @@ run_uuid() {
       psql_q -c "DROP TABLE uuid_$fn" >/dev/null
     done
   done
-  python3 "$BENCH_HERE/report.py" uuid "$OUT/uuid.tsv" "$UUID_COUNT" "$UUID_INSERTS" | tee -a "$OUT/summary.txt"
+  python3 "$BENCH_HERE/report.py" uuid "$OUT/uuid.tsv" "$UUID_COUNT" "$UUID_INSERTS"
 }
 
 # ---------------------------------------------------------------------------------------
@@ -210,7 +216,7 @@ run_wal() {
   for name in floor_v7 claim_v7 inbox inbox_tx pl_inbox pl_replay replay; do
     printf '%s\t%s\n' "$name" "$(wal_of "$name")" >>"$OUT/wal.tsv"
   done
-  python3 "$BENCH_HERE/report.py" wal "$OUT/wal.tsv" | tee -a "$OUT/summary.txt"
+  python3 "$BENCH_HERE/report.py" wal "$OUT/wal.tsv"
 }
 
 # ---------------------------------------------------------------------------------------
@@ -226,25 +232,26 @@ run_memory() {
   local iterations=$((MEMORY_CALLS / 10)) warmup=$((MEMORY_CALLS / 100))
   pg_psql -At -F $'\t' -v iterations="$iterations" -v warmup="$warmup" -v nkeys="$NKEYS" \
     -f "$BENCH_HERE/sql/memory.sql" >"$OUT/memory.tsv"
-  python3 "$BENCH_HERE/report.py" memory "$OUT/memory.tsv" "$MEMORY_CALLS" | tee -a "$OUT/summary.txt"
+  python3 "$BENCH_HERE/report.py" memory "$OUT/memory.tsv" "$MEMORY_CALLS"
 }
 
 # ---------------------------------------------------------------------------------------
 # scale: claim throughput and sizes as the table grows
 # ---------------------------------------------------------------------------------------
 
-run_scale() {
-  bash "$BENCH_HERE/scale.sh" | tee -a "$OUT/summary.txt"
-}
+# shellcheck source=scale.sh
+source "$BENCH_HERE/scale.sh"
 
-run_profile() {
-  bash "$BENCH_HERE/profile.sh" | tee -a "$OUT/summary.txt"
-}
+# ---------------------------------------------------------------------------------------
+# profile: where the time of a claim goes
+# ---------------------------------------------------------------------------------------
 
-export BENCH_HERE OUT NKEYS CLIENTS THREADS PORT
+# shellcheck source=profile.sh
+source "$BENCH_HERE/profile.sh"
+
 for part in "${PARTS[@]}"; do
   summary ""
-  "run_$part"
+  "run_$part" | tee -a "$OUT/summary.txt"
 done
 cp "$OUT/summary.txt" "$RESULTS/summary-$(date -u +%Y%m%dT%H%M%S).txt"
 idem_log "summary: $OUT/summary.txt"
