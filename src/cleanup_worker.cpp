@@ -20,6 +20,8 @@
 // where every PostgreSQL call goes through pg_call().
 #include "cleanup_worker.hpp"
 
+#include <sys/resource.h>
+
 #include "cleanup.hpp"
 #include "gucs.hpp"
 #include "pg_boundary.hpp"
@@ -47,6 +49,8 @@ constexpr int kLauncherRestartSeconds = 5;
 // once: a connection never lasts much longer than this, so DROP DATABASE (which waits up to
 // 5 s for other connections to go) always gets through, even during a long cleanup.
 constexpr int64 kRoundMicroseconds = 1000 * 1000;
+// The database worker's nice value (see database_main).
+constexpr int kWorkerNice = 10;
 
 // ---------------------------------------------------------------------------------------
 // The launcher
@@ -298,12 +302,32 @@ void run_round() noexcept {
     batch.last_expiry = stats::resume_point(MyDatabaseId);
     bool full = false;
     do {
+      const TimestampTz batch_start = GetCurrentTimestamp();
       in_transaction("idempotency cleanup: deleting a batch of expired keys", [&] {
         batch = cleanup::delete_batch(table, now, batch.last_expiry, batch_size);
       });
       deleted += batch.deleted;
-      pg_call([] { CHECK_FOR_INTERRUPTS(); });
       full = batch.deleted >= static_cast<uint64>(batch_size);
+      // Between two full batches, a pause like vacuum's cost delay: deleting a backlog of
+      // millions of keys takes CPU and writes WAL (a full-page image for every page touched
+      // first after a checkpoint) that the sessions' commits would otherwise flush along
+      // with their own. The pause is idempotency.cleanup_delay, or as long as the batch
+      // took if that is longer: the worker works at most half of the time, and backs off
+      // further when a busy server makes its batches slow.
+      const int64 batch_ms = (GetCurrentTimestamp() - batch_start) / 1000;
+      const int delay_ms = full ? static_cast<int>(std::min<int64>(
+                                      std::max<int64>(gucs::cleanup_delay_ms,
+                                                      gucs::cleanup_delay_ms > 0 ? batch_ms : 0),
+                                      1000))
+                                : 0;
+      pg_call([&] {
+        if (delay_ms > 0) {
+          (void)WaitLatch(MyLatch, WL_LATCH_SET | WL_TIMEOUT | WL_EXIT_ON_PM_DEATH, delay_ms,
+                          PG_WAIT_EXTENSION);
+          ResetLatch(MyLatch);
+        }
+        CHECK_FOR_INTERRUPTS();
+      });
     } while (full && GetCurrentTimestamp() - now < kRoundMicroseconds);
     unfinished = full;
     resume_from = batch.last_expiry;
@@ -355,6 +379,12 @@ void database_main(Oid database) {
   // the launcher read pg_database (and is then not restarted).
   BackgroundWorkerInitializeConnectionByOid(database, InvalidOid, 0);
   pgstat_report_appname(kWorkerType);
+  // Cleanup is background work: on a busy server the scheduler favours the sessions that
+  // claim keys. (The worker shares no row or index page lock with claims: it deletes rows
+  // of past expiry, claims insert rows of future expiry; a deletion writes no index entry.)
+  // On an idle server it still gets a whole core.
+  if (setpriority(PRIO_PROCESS, 0, kWorkerNice) != 0)
+    ereport(DEBUG1, (errmsg_internal("idempotency cleanup: setpriority failed: %m")));
   run_round();
 }
 

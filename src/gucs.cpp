@@ -12,6 +12,7 @@ int max_key_length = 255;
 int max_response_size = 1024 * 1024;
 int cleanup_interval_ms = 60 * 1000;
 int cleanup_batch_size = 5000;
+int cleanup_delay_ms = 5;
 char* databases = nullptr;
 
 namespace {
@@ -51,6 +52,10 @@ void define() {
   DefineCustomIntVariable(
       "idempotency.cleanup_batch_size", "Expired keys deleted per transaction by the cleanup.",
       nullptr, &cleanup_batch_size, 5000, 1, 1000000, PGC_SIGHUP, 0, nullptr, nullptr, nullptr);
+  DefineCustomIntVariable(
+      "idempotency.cleanup_delay", "Pause of the cleanup worker after each batch.",
+      "Leaves CPU and WAL bandwidth to the sessions while a large backlog is deleted; 0 = none.",
+      &cleanup_delay_ms, 5, 0, 1000, PGC_SIGHUP, GUC_UNIT_MS, nullptr, nullptr, nullptr);
   DefineCustomStringVariable("idempotency.databases",
                              "Databases the cleanup worker serves (empty: every database).",
                              "A comma-separated list of database names.", &databases, "",

@@ -15,6 +15,7 @@ extern int max_response_size;
 // Read by the cleanup worker.
 extern int cleanup_interval_ms;
 extern int cleanup_batch_size;
-extern char* databases;  // comma-separated list, empty = every database
+extern int cleanup_delay_ms;  // pause of the worker after each batch
+extern char* databases;       // comma-separated list, empty = every database
 
 }  // namespace idem::gucs

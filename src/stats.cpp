@@ -180,7 +180,7 @@ Datum sql_stats_rows(FunctionCallInfo fcinfo) {
   bool nulls[kColumns];
 
   if (shared == nullptr) {
-    for (int i = 0; i < kColumns; ++i) nulls[i] = true;
+    for (bool& null : nulls) null = true;
     values[0] = ObjectIdGetDatum(MyDatabaseId);
     nulls[0] = false;
     values[1] = BoolGetDatum(false);

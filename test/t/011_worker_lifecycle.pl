@@ -17,6 +17,7 @@ idempotency.cleanup_interval = '100ms'
 # the DROP DATABASE test shows that a round stops after about a second (and the next one
 # starts at once) instead of keeping its connection to the database.
 idempotency.cleanup_batch_size = 1
+idempotency.cleanup_delay = 0
 # Cluster.pm turns it off; the crash-restart cycle is what kill -9 tests here.
 restart_after_crash = on
 });
