@@ -107,6 +107,27 @@ ok($node->poll_query_until('alpha',
     q{SELECT count(*) = 0 FROM idempotency_keys WHERE key = 'locked1'}),
   'once unlocked, it is deleted by a later round');
 
+# --- claim_key is never blocked by a cleanup ------------------------------------------------
+# A cleanup that has locked (and deleted, not yet committed) expired rows: here
+# idempotency_cleanup() in an open transaction, which holds its locks far longer than a
+# worker batch. A claim of one of those keys must answer at once (statement_timeout turns
+# a wait into a failure), and claim it afresh once the cleanup has committed.
+add_keys('alpha', 'busy', 3, q{now() - interval '1 hour'});
+my $cleaner = $node->background_psql('alpha');
+$cleaner->query_safe(q{BEGIN; SELECT idempotency_cleanup()});
+my $start_claim = time();
+my ($rc, $status, $err) = $node->psql('alpha', q{
+  SET statement_timeout = '3s';
+  SELECT status FROM claim_key('busy1', wait => '0')});
+my $claim_took = time() - $start_claim;
+is($rc, 0, 'claim_key of a key locked by a cleanup does not time out') or diag($err);
+like($status, qr/^(claimed|in_progress)$/, "it answers ($status)");
+cmp_ok($claim_took, '<', 2, sprintf('at once (%.2f s)', $claim_took));
+$cleaner->query_safe('COMMIT');
+$cleaner->quit;
+is($node->safe_psql('alpha', q{SELECT status FROM claim_key('busy2')}), 'claimed',
+  'after the cleanup committed, the key is claimed afresh');
+
 # --- CREATE EXTENSION in a new database --------------------------------------------------
 
 $node->safe_psql('postgres', 'CREATE DATABASE gamma');
