@@ -315,11 +315,10 @@ void run_round() noexcept {
       // took if that is longer: the worker works at most half of the time, and backs off
       // further when a busy server makes its batches slow.
       const int64 batch_ms = (GetCurrentTimestamp() - batch_start) / 1000;
-      const int delay_ms = full ? static_cast<int>(std::min<int64>(
-                                      std::max<int64>(gucs::cleanup_delay_ms,
-                                                      gucs::cleanup_delay_ms > 0 ? batch_ms : 0),
-                                      1000))
-                                : 0;
+      int delay_ms = 0;
+      if (full && gucs::cleanup_delay_ms > 0)
+        delay_ms = static_cast<int>(
+            std::min<int64>(std::max<int64>(gucs::cleanup_delay_ms, batch_ms), 1000));
       pg_call([&] {
         if (delay_ms > 0) {
           (void)WaitLatch(MyLatch, WL_LATCH_SET | WL_TIMEOUT | WL_EXIT_ON_PM_DEATH, delay_ms,
