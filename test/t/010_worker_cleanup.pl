@@ -89,9 +89,15 @@ is($node->safe_psql('alpha',
 
 # --- locked rows stay ---------------------------------------------------------------------
 
-add_keys('alpha', 'locked', 1, q{now() - interval '1 hour'});
+# The row is live when it gets locked (so no round can delete it first) and expires, a
+# second later, while still locked.
+add_keys('alpha', 'locked', 1, q{clock_timestamp() + interval '1 second'});
 my $holder = $node->background_psql('alpha');
-$holder->query_safe(q{BEGIN; SELECT key FROM idempotency_keys WHERE key = 'locked1' FOR UPDATE});
+is($holder->query_safe(q{BEGIN; SELECT key FROM idempotency_keys WHERE key = 'locked1' FOR UPDATE}),
+  'locked1', 'a session locks a key that is about to expire');
+ok($node->poll_query_until('alpha',
+    q{SELECT expires_at <= clock_timestamp() FROM idempotency_keys WHERE key = 'locked1'}),
+  'the locked key has expired');
 add_keys('alpha', 'after', 200, q{now() - interval '1 second'});
 ok($node->poll_query_until('alpha',
     q{SELECT count(*) = 0 FROM idempotency_keys WHERE key LIKE 'after%'}),
@@ -112,9 +118,16 @@ ok($node->poll_query_until('alpha',
 # idempotency_cleanup() in an open transaction, which holds its locks far longer than a
 # worker batch. A claim of one of those keys must answer at once (statement_timeout turns
 # a wait into a failure), and claim it afresh once the cleanup has committed.
-add_keys('alpha', 'busy', 3, q{now() - interval '1 hour'});
+# The cleaner locks the keys while they are live (so the worker cannot delete them first),
+# and deletes them once they have expired.
+add_keys('alpha', 'busy', 3, q{clock_timestamp() + interval '1 second'});
 my $cleaner = $node->background_psql('alpha');
-$cleaner->query_safe(q{BEGIN; SELECT idempotency_cleanup()});
+$cleaner->query_safe(q{BEGIN; WITH l AS (SELECT key FROM idempotency_keys WHERE key LIKE 'busy%' FOR UPDATE) SELECT count(*) FROM l});
+ok($node->poll_query_until('alpha',
+    q{SELECT bool_and(expires_at <= clock_timestamp()) FROM idempotency_keys WHERE key LIKE 'busy%'}),
+  'the keys held by the cleaner have expired');
+is($cleaner->query_safe(q{SELECT idempotency_cleanup()}), '3',
+  'the cleaner deleted them (not committed yet)');
 my $start_claim = time();
 my ($rc, $status, $err) = $node->psql('alpha', q{
   SET statement_timeout = '3s';
