@@ -6,7 +6,9 @@
 #   build_and_install       make && make install (once per run)
 #   idem_scratch_init       a scratch dir the postgres user can write: $IDEM_SCRATCH
 #   as_pg CMD...            run CMD as the postgres user (as yourself when not root)
-#   cluster_start DIR [PORT] [CONF_LINE...]   throw-away server in DIR (sets PGHOST, PGPORT)
+#   cluster_start DIR [PORT] [CONF_LINE...]   throw-away server in DIR (sets PGHOST, PGPORT);
+#                           CONF_LINEs are appended last, so "listen_addresses = '127.0.0.1'"
+#                           adds TCP (pick PORT from your own range then)
 #   cluster_stop DIR        stop it (the EXIT trap also stops every server left in
 #                           $IDEM_SCRATCH and every DIR given to cluster_start)
 #   idem_bg CMD...          start CMD in the background; killed by the EXIT trap
