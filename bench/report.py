@@ -219,7 +219,7 @@ def scale(args):
             rows.append((source, float(step), float(tps or "nan"), int(count), int(heap), int(pkey),
                          int(expires), shared_buffers))
     mb = 1024 * 1024
-    print("Scale curve: claims of new keys (8 clients, synchronous_commit off, %ss per step) as "
+    print("Scale curve: claims of new keys (8 clients, synchronous_commit off, median of 3 x %ss per step) as "
           "idempotency_keys grows; shared_buffers = %s" % (seconds, rows[0][7] if rows else "?"))
     print("| keys | rows after | claims/s | vs first step | heap MB | primary key MB | expires_at index MB | bytes/row (all) |")
     print("|---|---:|---:|---:|---:|---:|---:|---:|")

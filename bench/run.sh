@@ -11,7 +11,8 @@
 # Environment: BENCH_PORT (5460), BENCH_SECONDS / BENCH_REPS (per pgbench run),
 # BENCH_CLIENTS (8), BENCH_THREADS (2), BENCH_NO_BUILD=1 (use the installed extension),
 # SCALE_STEPS ("1 10": millions of keys for the scale curve).
-# Results: bench/results/latest/ (summary.txt, raw TSVs, pgbench logs of the last run).
+# Results: bench/results/latest/ (or BENCH_OUT): summary.txt and the raw TSVs of the last
+# run; a copy of each summary stays in bench/results/summary-<time>.txt.
 set -euo pipefail
 
 BENCH_HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
@@ -49,7 +50,7 @@ for part in "${PARTS[@]}"; do
 done
 
 RESULTS="$BENCH_HERE/results"
-OUT="$RESULTS/latest"
+OUT="${BENCH_OUT:-$RESULTS/latest}"
 mkdir -p "$RESULTS"
 rm -rf "$OUT"
 mkdir -p "$OUT"
