@@ -263,7 +263,7 @@ class Fuzz:
         dsn = "host=%s port=%d dbname=fuzz user=%s" % (self.workdir, self.args.port, user)
         c = psycopg.connect(dsn, autocommit=True)
         c.adapters.register_loader("timestamptz", ClampingTimestamptzLoader)
-        c.execute("SET statement_timeout = '20s'")
+        c.execute("SET statement_timeout = '%s'" % ("300s" if VALGRIND else "20s"))
         return c
 
     def setup(self):
@@ -308,7 +308,7 @@ class Fuzz:
         if key is None or scope is None or utf8_len(key) > MAX_KEY or utf8_len(scope) > MAX_KEY:
             return None
         r = self.admin.execute(
-            "SELECT owner, fingerprint, status::text, md5(response::text), response_code, recovery_point, lease_token,"
+            "SELECT owner::oid, fingerprint, status::text, md5(response::text), response_code, recovery_point, lease_token,"
             " locked_until, attempts, expires_at, clock_timestamp() FROM idempotency_keys"
             " WHERE scope = %s AND key = %s", (scope, key)).fetchone()
         if r is None:
