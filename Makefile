@@ -41,6 +41,8 @@ SHLIB_LINK  = -lstdc++
 # bitcode with clang, without PG_CXXFLAGS. Inlining our SQL functions into JIT code gains
 # nothing (they run SPI), so no bitcode is built or installed.
 override with_llvm := no
+# Rebuild an object when a header it includes changes (PGXS leaves this off by default).
+override autodepend := yes
 
 include $(PGXS)
 
