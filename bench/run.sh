@@ -4,6 +4,8 @@
 # ratios the goals are stated in. Only ratios within one run mean anything.
 #
 #   bench/run.sh [PART...]     PART: claims uuid wal memory (default: all four)
+#                              instructions  CPU instructions per transaction (callgrind;
+#                                       not disturbed by other load; stops the server)
 #                              scale    the scale curve (long; not part of the default)
 #                              profile  perf profile of the claim path (not in the default)
 #   QUICK=1 bench/run.sh       a short run (~2 minutes): fewer seconds, smaller counts
@@ -29,23 +31,23 @@ if [[ $QUICK == 1 ]]; then
   REPS="${BENCH_REPS:-3}"
   UUID_COUNT=1000000
   UUID_INSERTS=1000000
-  MEMORY_CALLS="${BENCH_MEMORY_CALLS:-500000}"
-  WAL_TX=5000
+  MEMORY_CALLS="${BENCH_MEMORY_CALLS:-300000}"
+  WAL_TX=2000
 else
   SECONDS_PER_RUN="${BENCH_SECONDS:-3}"
   REPS="${BENCH_REPS:-3}"
   UUID_COUNT=5000000
   UUID_INSERTS=3000000
   MEMORY_CALLS="${BENCH_MEMORY_CALLS:-10000000}"
-  WAL_TX=20000
+  WAL_TX=10000
 fi
 
 PARTS=("$@")
 ((${#PARTS[@]})) || PARTS=(claims uuid wal memory)
 for part in "${PARTS[@]}"; do
   case $part in
-    claims | uuid | wal | memory | scale | profile) ;;
-    *) idem_die "unknown part '$part' (claims uuid wal memory scale profile)" ;;
+    claims | uuid | wal | memory | instructions | scale | profile) ;;
+    *) idem_die "unknown part '$part' (claims uuid wal memory instructions scale profile)" ;;
   esac
 done
 
@@ -153,6 +155,11 @@ run_claims() {
     >"$OUT/claims-rows.txt"
   psql_q -c "SELECT status, count(*) FROM idempotency_keys GROUP BY 1 ORDER BY 1" >>"$OUT/claims-rows.txt"
   python3 "$BENCH_HERE/report.py" claims "$OUT/claims.tsv"
+  echo
+  psql_q -c "SELECT 'Answers counted by idempotency_stats during the runs: claimed ' || claimed ||
+                    ', replayed ' || replayed || ', mismatched ' || mismatched || ', in_progress ' ||
+                    in_progress || ', completed ' || completed || ', reclaimed ' || reclaimed
+               FROM idempotency_stats WHERE datname = current_database()" || true
 }
 
 # ---------------------------------------------------------------------------------------
@@ -231,6 +238,9 @@ run_wal() {
 run_memory() {
   idem_log "memory: $MEMORY_CALLS calls in one backend ..."
   local iterations=$((MEMORY_CALLS / 10)) warmup=$((MEMORY_CALLS / 100))
+  # At least two commits' worth of warm-up: the lock manager's local table grows to the
+  # 500 key locks a transaction of this loop holds.
+  ((warmup >= 1000)) || warmup=1000
   pg_psql -At -F $'\t' -v iterations="$iterations" -v warmup="$warmup" -v nkeys="$NKEYS" \
     -f "$BENCH_HERE/sql/memory.sql" >"$OUT/memory.tsv"
   python3 "$BENCH_HERE/report.py" memory "$OUT/memory.tsv" "$MEMORY_CALLS"
@@ -239,6 +249,60 @@ run_memory() {
 # ---------------------------------------------------------------------------------------
 # scale: claim throughput and sizes as the table grows
 # ---------------------------------------------------------------------------------------
+
+# ---------------------------------------------------------------------------------------
+# instructions: CPU instructions per transaction inside the server (valgrind callgrind on
+# a single-user backend), which other work on the machine does not disturb. The server is
+# stopped for this part and started again afterwards.
+# ---------------------------------------------------------------------------------------
+
+# instructions_of N PREFIX STATEMENT: total instructions of a single-user backend that
+# prepares STATEMENT and executes it N times.
+instructions_of() {
+  local n="$1" prefix="$2" statement="$3" file="$IDEM_SCRATCH/instructions.sql" out i
+  out="$IDEM_SCRATCH/callgrind.out"
+  {
+    if [[ -n $prefix ]]; then
+      echo "PREPARE p(text) AS $statement;"
+      for ((i = 0; i < n; i++)); do echo "EXECUTE p('$prefix$((RANDOM * 32768 % NKEYS + RANDOM % NKEYS % 3 + 1))');"; done
+    else
+      echo "PREPARE p AS $statement;"
+      for ((i = 0; i < n; i++)); do echo "EXECUTE p;"; done
+    fi
+  } | as_pg tee "$file" >/dev/null
+  as_pg valgrind --tool=callgrind --callgrind-out-file="$out" \
+    postgres --single -D "$IDEM_SCRATCH/cluster/data" -c synchronous_commit=off postgres \
+    <"$file" >"$IDEM_SCRATCH/instructions.log" 2>&1 ||
+    { tail -5 "$IDEM_SCRATCH/instructions.log" >&2; idem_die "single-user backend failed"; }
+  if grep -q ERROR "$IDEM_SCRATCH/instructions.log"; then
+    grep -m3 ERROR "$IDEM_SCRATCH/instructions.log" >&2
+    idem_die "a statement failed in the instruction count"
+  fi
+  sed -n 's/^summary: \([0-9]*\)/\1/p' "$out"
+}
+
+run_instructions() {
+  command -v valgrind >/dev/null || { echo "instructions: valgrind is missing (apt-get install valgrind)"; return 0; }
+  idem_log "instructions: callgrind on a single-user backend (server stopped meanwhile) ..."
+  local env_before
+  env_before="$(declare -p PGHOST PGPORT PGUSER PGDATABASE)"
+  cluster_stop "$IDEM_SCRATCH/cluster"
+  : >"$OUT/instructions.tsv"
+  local name prefix statement small large
+  while IFS='|' read -r name prefix statement; do
+    [[ -z $name || $name == \#* ]] && continue
+    # The difference of two runs removes start-up and shutdown.
+    small="$(instructions_of 200 "$prefix" "$statement")"
+    large="$(instructions_of 1200 "$prefix" "$statement")"
+    printf '%s\t%s\n' "$name" "$(((large - small) / 1000))" >>"$OUT/instructions.tsv"
+  done <"$BENCH_HERE/sql/instructions.txt"
+  # The same server again, for the parts that follow.
+  as_pg pg_ctl -D "$IDEM_SCRATCH/cluster/data" -l "$IDEM_SCRATCH/cluster/server.log" -w -t 60 start \
+    >/dev/null || idem_die "the server did not start again"
+  eval "$env_before"
+  export PGHOST PGPORT PGUSER PGDATABASE
+  python3 "$BENCH_HERE/report.py" instructions "$OUT/instructions.tsv"
+}
 
 # shellcheck source=scale.sh
 source "$BENCH_HERE/scale.sh"
