@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Memory-safety run (not part of `make test`: about 10-15 minutes): the server runs under
 # valgrind memcheck while it executes
-#   1. the pg_regress suite (sql/*.sql),
+#   1. the pg_regress suite (sql/*.sql) and the isolation specs,
 #   2. the hostile-input fuzz test (test/fuzz/fuzz.py, IDEM_VALGRIND=1),
 #   3. the exactly-once harness, short, with kills and a server crash (test/chaos/chaos.py).
 # Every valgrind error whose stack passes through idempotency.so fails the run; errors
@@ -49,10 +49,34 @@ IDEM_CLUSTERS+=("$dir")
 as_pg pg_ctl -D "$dir/data" -l "$dir/server.log" -p "$dir/postgres-under-valgrind.sh" -w -t 600 start >/dev/null ||
   idem_die "the server under valgrind did not start"
 mapfile -t tests < <(cd "$IDEM_SRC/sql" && ls *.sql | sed 's/\.sql$//')
+# --use-existing creates no database and loads no extension: do it here.
+as_pg psql -X -q -h "$dir" -p 5479 -d postgres -c 'CREATE DATABASE contrib_regression' &&
+  as_pg psql -X -q -h "$dir" -p 5479 -d contrib_regression -c 'CREATE EXTENSION idempotency' ||
+  idem_die "could not prepare contrib_regression"
 as_pg "$IDEM_PG_REGRESS" --use-existing --host="$dir" --port=5479 --inputdir="$IDEM_SRC" --outputdir="$dir" \
-  --bindir="$IDEM_PG_BIN" --dbname=contrib_regression --load-extension=idempotency "${tests[@]}" \
-  >"$dir/regress.log" 2>&1
+  --bindir="$IDEM_PG_BIN" --dbname=contrib_regression "${tests[@]}" >"$dir/regress.log" 2>&1
 cat "$dir/regress.log"
+# The same expected output under valgrind (only slower).
+read -r rp rf < <(awk '/ \.\.\. +ok/ {p++} / \.\.\. +FAILED/ {f++} END {print p+0, f+0}' "$dir/regress.log")
+echo "regress under valgrind: $rp passed, $rf failed"
+PASSED=$((PASSED + rp))
+FAILED=$((FAILED + rf))
+((rp + rf > 0)) || { echo "not ok - pg_regress did not run"; FAILED=$((FAILED + 1)); }
+[[ -s $dir/regression.diffs ]] && head -100 "$dir/regression.diffs"
+# The isolation specs (concurrent sessions) against the same server.
+as_pg psql -X -q -h "$dir" -p 5479 -d postgres -c 'CREATE DATABASE isolation_regression' &&
+  as_pg psql -X -q -h "$dir" -p 5479 -d isolation_regression -c 'CREATE EXTENSION idempotency' ||
+  idem_die "could not prepare isolation_regression"
+mapfile -t specs < <(cd "$IDEM_SRC/test/isolation/specs" && ls *.spec | sed 's/\.spec$//')
+as_pg mkdir -p "$dir/isolation"
+as_pg "$IDEM_PG_ISOLATION_REGRESS" --use-existing --host="$dir" --port=5479 --inputdir="$IDEM_SRC/test/isolation" \
+  --outputdir="$dir/isolation" --bindir="$IDEM_PG_BIN" --dbname=isolation_regression "${specs[@]}" \
+  >"$dir/isolation.log" 2>&1
+cat "$dir/isolation.log"
+read -r rp rf < <(awk '/ \.\.\. +ok/ {p++} / \.\.\. +FAILED/ {f++} END {print p+0, f+0}' "$dir/isolation.log")
+echo "isolation under valgrind: $rp passed, $rf failed"
+PASSED=$((PASSED + rp))
+FAILED=$((FAILED + rf))
 cluster_stop "$dir"
 # The chaos harness's valgrind log reader judges the logs of this server too.
 IDEM_VALGRIND=1 /usr/bin/python3 -c "
