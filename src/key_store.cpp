@@ -76,12 +76,12 @@ PlanSpec spec_of(PlanId id, const std::string& table) {
     case kComplete:
       // Only columns at the end of the row change (and expires_at keeps its value in the
       // inbox pattern): a small, usually HOT, update.
-      return {
-          "UPDATE " + table +
-              " SET status = 'completed', response_code = $7, updated_at = $5, response = $6,"
-              " expires_at = $8 WHERE " +
-              fence + returning,
-          {TEXTOID, TEXTOID, UUIDOID, REGROLEOID, TIMESTAMPTZOID, JSONBOID, INT4OID, TIMESTAMPTZOID}};
+      return {"UPDATE " + table +
+                  " SET status = 'completed', response_code = $7, updated_at = $5, response = $6,"
+                  " expires_at = $8 WHERE " +
+                  fence + returning,
+              {TEXTOID, TEXTOID, UUIDOID, REGROLEOID, TIMESTAMPTZOID, JSONBOID, INT4OID,
+               TIMESTAMPTZOID}};
     case kRelease:
       return {"UPDATE " + table +
                   " SET lease_token = NULL, locked_until = NULL, updated_at = $5 WHERE " + fence,
