@@ -366,26 +366,24 @@ void claim_parameters(text* scope, text* key, const ClaimValues& claim, Datum* v
 }
 }  // namespace
 
-bool Session::insert(text* scope, text* key, const ClaimValues& claim) {
+uint64 Session::execute_claim(int plan, text* scope, text* key, const ClaimValues& claim) {
   Datum values[9];
   char nulls[] = "         ";
   claim_parameters(scope, key, claim, values, nulls);
-  return execute(kInsert, values, nulls, false, 0) == 1;
+  return execute(plan, values, nulls, false, 0);
+}
+
+bool Session::insert(text* scope, text* key, const ClaimValues& claim) {
+  return execute_claim(kInsert, scope, key, claim) == 1;
 }
 
 void Session::restart(text* scope, text* key, const ClaimValues& claim) {
-  Datum values[9];
-  char nulls[] = "         ";
-  claim_parameters(scope, key, claim, values, nulls);
-  if (execute(kRestart, values, nulls, false, 0) != 1)
+  if (execute_claim(kRestart, scope, key, claim) != 1)
     throw Error(ERRCODE_INTERNAL_ERROR, "a locked idempotency key disappeared");
 }
 
 KeyRow Session::reclaim(text* scope, text* key, const ClaimValues& claim) {
-  Datum values[9];
-  char nulls[] = "         ";
-  claim_parameters(scope, key, claim, values, nulls);
-  if (execute(kReclaim, values, nulls, false, 0) != 1)
+  if (execute_claim(kReclaim, scope, key, claim) != 1)
     throw Error(ERRCODE_INTERNAL_ERROR, "a locked idempotency key disappeared");
   return decode(0, caller_context_);
 }

@@ -86,6 +86,8 @@ class Session {
   // peek() never connects.
   void connect();
   uint64 execute(int plan, Datum* values, const char* nulls, bool read_only, long limit);
+  // Runs one of the claim statements (insert, restart, reclaim) with a claim's values.
+  uint64 execute_claim(int plan, text* scope, text* key, const ClaimValues& claim);
 
   MemoryContext caller_context_;
   Oid table_;
