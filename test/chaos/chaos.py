@@ -159,6 +159,12 @@ def consumer_main(args):
 
     losses = [0]
 
+    def connection_problem(e):
+        # psycopg maps SQLSTATE class 55 (a fenced token: 55000), 40 and 57014 to
+        # OperationalError too: only a closed connection, class 08 or a server shutdown
+        # (57P0x) is a lost connection to reconnect after.
+        return conn.closed or e.sqlstate is None or e.sqlstate.startswith("08") or e.sqlstate.startswith("57P")
+
     def lost_connection():
         say("E", "connection_lost", "-")
         # Behind PgBouncer the client connection survives a server crash while every
@@ -209,8 +215,12 @@ def consumer_main(args):
                     if st == "mismatch":
                         return ("mismatch", "-")
                     return ("retry", retry)
-            except psycopg.OperationalError:
+            except psycopg.OperationalError as e:
                 # The transaction is gone (or committed: then the next claim replays).
+                if not connection_problem(e):
+                    say("E", "unexpected_error_" + str(e.sqlstate), d["m"])
+                    conn.rollback()
+                    return ("retry", 0.2)
                 lost_connection()
 
     def two_phase(d, payload):
@@ -262,17 +272,21 @@ def consumer_main(args):
                     conn.commit()
                     losses[0] = 0
                     return ("applied", st)
-            except psycopg.OperationalError:
-                lost_connection()
-            except (errors.ObjectNotInPrerequisiteState, errors.NoDataFound) as e:
-                # Fenced: our lease ended and another consumer reclaimed the key.
+            except (errors.ObjectNotInPrerequisiteState, errors.NoDataFound):
+                # Fenced (before the OperationalError clause: psycopg makes 55000 one):
+                # our lease ended and another consumer reclaimed the key.
                 conn.rollback()
                 if called and not checkpointed:
                     say("E", "lease_lost_after_call", d["m"])
                 else:
                     say("E", "fenced", d["m"])
-                del e
                 return ("retry", 0.2)
+            except psycopg.OperationalError as e:
+                if not connection_problem(e):
+                    say("E", "unexpected_error_" + str(e.sqlstate), d["m"])
+                    conn.rollback()
+                    return ("retry", 0.2)
+                lost_connection()
 
     connect()
     for line in sys.stdin:
@@ -541,7 +555,7 @@ def run_main(args):
                 f["event_" + parts[1]] += 1
                 if parts[1] == "lease_lost_after_call":
                     window_events[parts[2]] += 1
-                if parts[1] == "bad_replay":
+                if parts[1] == "bad_replay" or parts[1].startswith("unexpected_error"):
                     bad.append(line)
                 return None
             if parts[0] == "A":
@@ -585,6 +599,14 @@ def run_main(args):
                     c.killed = True
                     kills_left[0] -= 1
                     os.kill(c.proc.pid, signal.SIGKILL)
+                elif (ph in KILL_PHASES and not c.killed and not tampered_phase and c.cid not in stalled
+                        and stalls_left[0] > 0 and rng.random() < args.stall_rate):
+                    # A pause longer than the lease (a GC pause, a partition): others
+                    # reclaim the key meanwhile; the holder must be fenced when it wakes.
+                    stalls_left[0] -= 1
+                    stalled[c.cid] = time.time() + rng.uniform(3.0, 4.5)
+                    stalls_by_phase[ph] += 1
+                    os.kill(c.proc.pid, signal.SIGSTOP)
             return True
 
         def reap(c):
@@ -610,6 +632,9 @@ def run_main(args):
             spawn()
 
         kills_left = [args.max_kills]
+        stalls_left = [args.max_stalls]
+        stalled = {}                       # cid -> when to resume
+        stalls_by_phase = collections.Counter()
         total_expected = total_copies
         last_progress = time.time()
         while True:
@@ -623,7 +648,7 @@ def run_main(args):
                     ready.append(t)
                     expected_mismatch += 1
                 total_expected += expected_mismatch
-            if acked >= total_expected:
+            if acked >= total_expected and not stalled:
                 break
             if crashes_done < len(crash_at) and acked >= crash_at[crashes_done] * total_copies:
                 cluster.crash()
@@ -632,6 +657,11 @@ def run_main(args):
                 crashes_done += 1
                 print("# server crashed (immediate stop) and restarted after %d acks" % acked,
                       flush=True)
+            for cid, due in list(stalled.items()):
+                if time.time() >= due:
+                    del stalled[cid]
+                    if cid in consumers:
+                        os.kill(consumers[cid].proc.pid, signal.SIGCONT)
             for c in list(consumers.values()):
                 dispatch(c)
             for key, _ in sel.select(timeout=0.05):
@@ -765,11 +795,13 @@ def run_main(args):
               % (f["outcome_replay"], f["outcome_retry"], mismatches))
         print("#   consumers killed         %d  %s" % (sum(kills_by_phase.values()),
                                                       dict(sorted(kills_by_phase.items()))))
+        print("#   consumers paused > lease %d  %s" % (sum(stalls_by_phase.values()), dict(sorted(stalls_by_phase.items()))))
         print("#   server crashes survived  %d" % crashes_done)
         print("#   connection losses        %d" % f["event_connection_lost"])
         print("#   keys reclaimed           %d (resumed from 'charged': %d; fenced late holders: %d)"
               % (reclaimed_keys, f["event_resumed_from_charged"], f["event_fenced"]))
-        print("#   external calls repeated  %d (%d kills and %d lost leases between call and checkpoint;"
+        print("#   external calls repeated  %d (%d kills and %d leases lost to a pause or a slow reconnect"
+              " between call and checkpoint;"
               " %d kills after the checkpoint repeated nothing)"
               % (repeated, sum(window_kills.values()), sum(window_events.values()), len(after_checkpoint_kills)))
         print("#   inbox debited            %s (expected %s)" % (total_debited, total_expected_debit))
@@ -808,6 +840,9 @@ def main():
     r.add_argument("--max-kills", type=int, default=40)
     r.add_argument("--kill-rate", type=float, default=0.04,
                    help="probability of a kill at each reported kill phase")
+    r.add_argument("--max-stalls", type=int, default=8,
+                   help="consumers paused (SIGSTOP) for longer than the lease, then resumed")
+    r.add_argument("--stall-rate", type=float, default=0.02)
     r.add_argument("--tampered", type=int, default=20)
     r.add_argument("--timeout", type=int, default=600)
     r.add_argument("--pgbouncer", action="store_true")
