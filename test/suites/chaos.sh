@@ -40,8 +40,8 @@ run_chaos() { # NAME ARGS...
   count_run "$dir.log"
 }
 
-run_chaos direct --port 5470 --messages 500 --consumers 8 --crashes 1
-run_chaos pgbouncer --port 5472 --messages 300 --consumers 8 --crashes 1 --pgbouncer
+run_chaos direct --port 5470 --messages 500 --consumers 8 --crashes 1 --timeout 300
+run_chaos pgbouncer --port 5472 --messages 300 --consumers 8 --crashes 1 --pgbouncer --timeout 300
 
 # Self-test: the harness must catch a consumer that breaks exactly-once.
 expect_caught() { # NAME SABOTAGE PATTERN
