@@ -13,7 +13,7 @@ source "$(dirname "${BASH_SOURCE[0]}")/../lib.sh"
 declare -a opts=()
 for arg in "$@"; do
   if [[ $arg == --long ]]; then
-    opts+=(--messages 20000 --consumers 16 --crashes 5 --max-kills 800 --kill-rate 0.03
+    opts+=(--messages 20000 --consumers 16 --crashes 5 --max-kills 800 --kill-rate 0.03 --max-stalls 60
       --tampered 200 --timeout 3000)
   else
     opts+=("$arg")
