@@ -3,9 +3,9 @@
 # competitor side by side with pgbench, and prints throughput, p50/p99 latency and the
 # ratios the goals are stated in. Only ratios within one run mean anything.
 #
-#   bench/run.sh [PART...]     PART: claims uuid wal memory (default: all four)
-#                              instructions  CPU instructions per transaction (callgrind;
-#                                       not disturbed by other load; stops the server)
+#   bench/run.sh [PART...]     PART: claims uuid wal memory instructions (default: all five)
+#                              (instructions: CPU instructions per transaction counted by
+#                              callgrind, which other load on the machine does not disturb)
 #                              scale    the scale curve (long; not part of the default)
 #                              profile  perf profile of the claim path (not in the default)
 #   QUICK=1 bench/run.sh       a short run (~2 minutes): fewer seconds, smaller counts
@@ -43,7 +43,7 @@ else
 fi
 
 PARTS=("$@")
-((${#PARTS[@]})) || PARTS=(claims uuid wal memory)
+((${#PARTS[@]})) || PARTS=(claims uuid wal memory instructions)
 for part in "${PARTS[@]}"; do
   case $part in
     claims | uuid | wal | memory | instructions | scale | profile) ;;
@@ -57,6 +57,9 @@ mkdir -p "$RESULTS"
 rm -rf "$OUT"
 mkdir -p "$OUT"
 
+# pgbench comes with the server packages; callgrind and perf for the parts that use them.
+IDEM_PACKAGES+=(python3 valgrind)
+[[ " ${PARTS[*]} " == *" profile "* ]] && IDEM_PACKAGES+=(linux-perf)
 ensure_packages
 if [[ ${BENCH_NO_BUILD:-0} != 1 ]]; then build_and_install; fi
 
@@ -292,9 +295,9 @@ run_instructions() {
   while IFS='|' read -r name prefix statement; do
     [[ -z $name || $name == \#* ]] && continue
     # The difference of two runs removes start-up and shutdown.
-    small="$(instructions_of 200 "$prefix" "$statement")"
-    large="$(instructions_of 1200 "$prefix" "$statement")"
-    printf '%s\t%s\n' "$name" "$(((large - small) / 1000))" >>"$OUT/instructions.tsv"
+    small="$(instructions_of 100 "$prefix" "$statement")"
+    large="$(instructions_of 600 "$prefix" "$statement")"
+    printf '%s\t%s\n' "$name" "$(((large - small) / 500))" >>"$OUT/instructions.tsv"
   done <"$BENCH_HERE/sql/instructions.txt"
   # The same server again, for the parts that follow.
   as_pg pg_ctl -D "$IDEM_SCRATCH/cluster/data" -l "$IDEM_SCRATCH/cluster/server.log" -w -t 60 start \
