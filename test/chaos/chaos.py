@@ -229,6 +229,7 @@ def consumer_main(args):
         called = False
         checkpointed = False
         st = None
+        unexpected = 0
         while True:
             try:
                 with conn.cursor() as cur:
@@ -283,9 +284,17 @@ def consumer_main(args):
                 return ("retry", 0.2)
             except psycopg.OperationalError as e:
                 if not connection_problem(e):
+                    # Any other server error (seen: 58P01 while the library file was being
+                    # reinstalled): keep the claim and retry the same step, as a real
+                    # consumer would; giving the claim up after the external call would
+                    # make the next holder call again. Counted as a failure of the run.
                     say("E", "unexpected_error_" + str(e.sqlstate), d["m"])
                     conn.rollback()
-                    return ("retry", 0.2)
+                    unexpected += 1
+                    if unexpected > 100:
+                        return ("retry", 0.2)
+                    time.sleep(0.2)
+                    continue
                 lost_connection()
 
     connect()
