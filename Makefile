@@ -28,7 +28,8 @@ REGRESS_OPTS = --inputdir=. --load-extension=$(EXTENSION)
 ISOLATION      = $(patsubst test/isolation/specs/%.spec,%,$(sort $(wildcard test/isolation/specs/*.spec)))
 ISOLATION_OPTS = --inputdir=test/isolation
 
-PG_CONFIG ?= pg_config
+# Debian's pg_config lives outside PATH until the server-dev package is installed.
+PG_CONFIG ?= $(firstword $(wildcard /usr/lib/postgresql/15/bin/pg_config) pg_config)
 PGXS := $(shell $(PG_CONFIG) --pgxs)
 
 # Our own code is held to -Werror; the server headers are system headers so that their

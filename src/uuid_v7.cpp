@@ -86,7 +86,7 @@ pg_uuid_t* generate() {
 pg_uuid_t* generate_at(TimestampTz when) {
   if (TIMESTAMP_NOT_FINITE(when))
     throw Error(ERRCODE_DATETIME_VALUE_OUT_OF_RANGE,
-                "timestamp out of range for a UUIDv7: infinity");
+                std::string("timestamp out of range for a UUIDv7: ") + timestamptz_to_str(when));
   int64_t unix_us = when + kUnixToPgEpochUs;
   if (unix_us < 0 || unix_us / 1000 > kMaxUnixMs)
     throw Error(ERRCODE_DATETIME_VALUE_OUT_OF_RANGE,
