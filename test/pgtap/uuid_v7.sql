@@ -50,7 +50,7 @@ CREATE TEMP TABLE past_and_future AS
 INSERT INTO seq (u) SELECT gen_uuid_v7() FROM generate_series(1, 100);
 SELECT is((SELECT count(*) FROM (SELECT u, lag(u) OVER (ORDER BY n) AS prev FROM seq) t WHERE u <= prev),
           0::bigint, 'gen_uuid_v7(ts) in between does not break the increasing sequence');
-SELECT ok((SELECT max(uuid_v7_time(u)) < now() + interval '1 minute' FROM seq),
+SELECT ok((SELECT max(uuid_v7_time(u)) < clock_timestamp() + interval '1 minute' FROM seq),
           'gen_uuid_v7(future ts) does not drag the clock of gen_uuid_v7() forward');
 
 -- Across subtransactions that roll back (the generator state is not transactional).
