@@ -1,3 +1,4 @@
+# shellcheck shell=bash
 # The claim path's profile (bench/run.sh profile), sourced by bench/run.sh: one backend
 # runs a workload from one pgbench client (synchronous_commit off, so that commit flushes
 # do not hide CPU), `perf record` samples it (cpu-clock: virtual machines often have no

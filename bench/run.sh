@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# shellcheck source-path=SCRIPTDIR
 # The benchmark suite (make bench). Sets up its own throw-away server, runs every
 # competitor side by side with pgbench, and prints throughput, p50/p99 latency and the
 # ratios the goals are stated in. Only ratios within one run mean anything.
@@ -8,7 +9,7 @@
 #                              callgrind, which other load on the machine does not disturb)
 #                              scale    the scale curve (long; not part of the default)
 #                              profile  perf profile of the claim path (not in the default)
-#   QUICK=1 bench/run.sh       a short run (~2 minutes): fewer seconds, smaller counts
+#   QUICK=1 bench/run.sh       a short run (~3 minutes): fewer seconds, smaller counts
 #
 # Environment: BENCH_PORT (5460), BENCH_SECONDS / BENCH_REPS (per pgbench run),
 # BENCH_CLIENTS (8), BENCH_THREADS (2), BENCH_NO_BUILD=1 (use the installed extension),
@@ -18,7 +19,6 @@
 set -euo pipefail
 
 BENCH_HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
-# shellcheck source=../test/lib.sh
 source "$BENCH_HERE/../test/lib.sh"
 
 QUICK="${QUICK:-0}"
@@ -33,6 +33,7 @@ if [[ $QUICK == 1 ]]; then
   UUID_INSERTS=1000000
   MEMORY_CALLS="${BENCH_MEMORY_CALLS:-300000}"
   WAL_TX=2000
+  CALLGRIND_RUNS="50 300"
 else
   SECONDS_PER_RUN="${BENCH_SECONDS:-3}"
   REPS="${BENCH_REPS:-3}"
@@ -40,6 +41,7 @@ else
   UUID_INSERTS=3000000
   MEMORY_CALLS="${BENCH_MEMORY_CALLS:-10000000}"
   WAL_TX=10000
+  CALLGRIND_RUNS="100 600"
 fi
 
 PARTS=("$@")
@@ -116,6 +118,7 @@ pg_psql -v nkeys="$NKEYS" -f "$BENCH_HERE/sql/setup.sql" >/dev/null
 # ---------------------------------------------------------------------------------------
 
 # name:synchronous_commit settings. Read-only workloads commit nothing, so they run once.
+# shellcheck disable=SC2054 # the commas are part of each item
 WORKLOADS=(
   floor_v7:on,off floor_rand:on,off claim_v7:on,off claim_rand:on,off pl_claim_v7:on,off
   inbox:on,off pl_inbox:on,off inbox_tx:on,off pl_inbox_tx:on,off
@@ -295,9 +298,11 @@ run_instructions() {
   while IFS='|' read -r name prefix statement; do
     [[ -z $name || $name == \#* ]] && continue
     # The difference of two runs removes start-up and shutdown.
-    small="$(instructions_of 100 "$prefix" "$statement")"
-    large="$(instructions_of 600 "$prefix" "$statement")"
-    printf '%s\t%s\n' "$name" "$(((large - small) / 500))" >>"$OUT/instructions.tsv"
+    local -a runs
+    read -ra runs <<<"$CALLGRIND_RUNS"
+    small="$(instructions_of "${runs[0]}" "$prefix" "$statement")"
+    large="$(instructions_of "${runs[1]}" "$prefix" "$statement")"
+    printf '%s\t%s\n' "$name" "$(((large - small) / (runs[1] - runs[0])))" >>"$OUT/instructions.tsv"
   done <"$BENCH_HERE/sql/instructions.txt"
   # The same server again, for the parts that follow.
   as_pg pg_ctl -D "$IDEM_SCRATCH/cluster/data" -l "$IDEM_SCRATCH/cluster/server.log" -w -t 60 start \
@@ -307,14 +312,12 @@ run_instructions() {
   python3 "$BENCH_HERE/report.py" instructions "$OUT/instructions.tsv"
 }
 
-# shellcheck source=scale.sh
 source "$BENCH_HERE/scale.sh"
 
 # ---------------------------------------------------------------------------------------
 # profile: where the time of a claim goes
 # ---------------------------------------------------------------------------------------
 
-# shellcheck source=profile.sh
 source "$BENCH_HERE/profile.sh"
 
 for part in "${PARTS[@]}"; do

@@ -1,3 +1,4 @@
+# shellcheck shell=bash
 # The scale curve (bench/run.sh scale), sourced by bench/run.sh: claim throughput and
 # table / index sizes as idempotency_keys grows, for keys from gen_uuid_v7() and for
 # random text keys (client-made UUIDv4 strings), each in its own database.
