@@ -210,7 +210,11 @@ void load_probe_layout(Oid table) {
   probe_layout.table = InvalidOid;
   pg_call([&] {
     Relation relation = table_open(table, AccessShareLock);
+#if PG_VERSION_NUM >= 180000
+    probe_layout.primary_key = RelationGetPrimaryKeyIndex(relation, false);
+#else
     probe_layout.primary_key = RelationGetPrimaryKeyIndex(relation);
+#endif
     table_close(relation, NoLock);
     for (int i = 0; i < kProbeColumnCount; ++i)
       probe_layout.attnums[i] = get_attnum(table, kProbeColumns[i]);
@@ -315,7 +319,11 @@ std::optional<KeyRow> Session::peek(text* scope, text* key) {
     ScanKeyData keys[2];
     ScanKeyInit(&keys[0], 1, BTEqualStrategyNumber, F_TEXTEQ, PointerGetDatum(scope));
     ScanKeyInit(&keys[1], 2, BTEqualStrategyNumber, F_TEXTEQ, PointerGetDatum(key));
+#if PG_VERSION_NUM >= 180000  // index_beginscan gained an instrumentation argument
+    probe.scan = index_beginscan(probe.table, probe.index, GetActiveSnapshot(), nullptr, 2, 0);
+#else
     probe.scan = index_beginscan(probe.table, probe.index, GetActiveSnapshot(), 2, 0);
+#endif
     index_rescan(probe.scan, keys, 2, nullptr, 0);
     probe.slot = table_slot_create(probe.table, nullptr);
     bool hit = index_getnext_slot(probe.scan, ForwardScanDirection, probe.slot);
