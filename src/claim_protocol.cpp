@@ -484,6 +484,8 @@ Datum sql_complete_key(FunctionCallInfo fcinfo) {
   // kept (same transaction, so the same moment to any other transaction).
   std::optional<TimestampTz> expires_at = own_claim_expiry(token);
   if (!expires_at) {
+    // A fresh snapshot, not the statement's: the claim may have been made earlier in this
+    // very statement (claims of more keys than own_claims keeps), invisible to that snapshot.
     std::optional<KeyRow> row = store.find(name.scope, name.key);
     if (!row || row->expires_at <= now) reject_missing(name);
     expires_at = add_interval(now, row->ttl);

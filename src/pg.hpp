@@ -34,8 +34,6 @@ extern "C" {
 #include "access/tableam.h"
 #include "access/heapam.h"
 #include "access/htup_details.h"
-#include "access/table.h"
-#include "access/tableam.h"
 #include "access/xact.h"
 #include "access/xlog.h"
 #include "catalog/namespace.h"
