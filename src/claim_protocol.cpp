@@ -108,24 +108,28 @@ Interval positive_interval_argument(FunctionCallInfo fcinfo, int n, const char* 
 
 // Tokens claimed in the current transaction. When complete_key runs in the same transaction
 // (the inbox pattern) it keeps the expiry the claim computed: the indexed expires_at does
-// not change, so the completion can be a small HOT update. Cleared at transaction end.
+// not change, so the completion can be a small HOT update, made directly on the row the
+// claim inserted when it was inserted directly. Cleared at transaction end.
 struct OwnClaim {
   pg_uuid_t token;
   TimestampTz expires_at;  // claim time + ttl
+  ItemPointerData where;   // the inserted row, or invalid
 };
 constexpr size_t kOwnClaimsKept = 64;
+// An invalid TID: a row not written directly.
+constexpr ItemPointerData kNowhere = {{0, 0}, InvalidOffsetNumber};
 std::array<OwnClaim, kOwnClaimsKept> own_claims;
 size_t own_claim_count = 0;
 
-void remember_own_claim(const pg_uuid_t& token, TimestampTz expires_at) {
-  if (own_claim_count < kOwnClaimsKept) own_claims[own_claim_count++] = {token, expires_at};
+void remember_own_claim(const pg_uuid_t& token, TimestampTz expires_at,
+                        const ItemPointerData& where) {
+  if (own_claim_count < kOwnClaimsKept) own_claims[own_claim_count++] = {token, expires_at, where};
 }
 
-std::optional<TimestampTz> own_claim_expiry(const pg_uuid_t& token) {
+const OwnClaim* own_claim(const pg_uuid_t& token) {
   for (size_t i = 0; i < own_claim_count; ++i)
-    if (memcmp(own_claims[i].token.data, token.data, UUID_LEN) == 0)
-      return own_claims[i].expires_at;
-  return std::nullopt;
+    if (memcmp(own_claims[i].token.data, token.data, UUID_LEN) == 0) return &own_claims[i];
+  return nullptr;
 }
 
 void forget_own_claims(XactEvent, void*) {
@@ -315,9 +319,9 @@ key_store::ClaimValues claim_values(const ClaimRequest& request, TimestampTz now
 }
 
 ClaimResult claimed_answer(Status status, const key_store::ClaimValues& values,
-                           TimestampTz ttl_expiry, int32 attempts, text* recovery_point,
-                           TimestampTz created_at, bytea* fingerprint) {
-  remember_own_claim(values.token, ttl_expiry);
+                           TimestampTz ttl_expiry, const ItemPointerData& where, int32 attempts,
+                           text* recovery_point, TimestampTz created_at, bytea* fingerprint) {
+  remember_own_claim(values.token, ttl_expiry, where);
   stats::count(status == Status::kClaimed ? stats::kClaimed : stats::kReclaimed);
   ClaimResult result(status);
   result.token = values.token;
@@ -368,8 +372,9 @@ ClaimResult claim(Session& store, const ClaimRequest& request) {
     TimestampTz ttl_expiry = 0;
     if (verdict == Verdict::kAbsent) {
       key_store::ClaimValues values = claim_values(request, now, &ttl_expiry);
-      if (store.insert(name.scope, name.key, values))
-        return claimed_answer(Status::kClaimed, values, ttl_expiry, 1, nullptr, now,
+      ItemPointerData where;
+      if (store.insert(name.scope, name.key, values, &where))
+        return claimed_answer(Status::kClaimed, values, ttl_expiry, where, 1, nullptr, now,
                               request.fingerprint);
       // A claim committed between our read and our lock; decide again from its row.
     } else if (std::optional<KeyRow> locked = store.lock(name.scope, name.key)) {
@@ -377,13 +382,13 @@ ClaimResult claim(Session& store, const ClaimRequest& request) {
       if (current == Verdict::kExpired) {
         key_store::ClaimValues values = claim_values(request, now, &ttl_expiry);
         store.restart(name.scope, name.key, values);
-        return claimed_answer(Status::kClaimed, values, ttl_expiry, 1, nullptr, now,
+        return claimed_answer(Status::kClaimed, values, ttl_expiry, kNowhere, 1, nullptr, now,
                               request.fingerprint);
       }
       if (current == Verdict::kReclaimable) {
         key_store::ClaimValues values = claim_values(request, now, &ttl_expiry);
         KeyRow renewed = store.reclaim(name.scope, name.key, values);
-        return claimed_answer(Status::kReclaimed, values, ttl_expiry, renewed.attempts,
+        return claimed_answer(Status::kReclaimed, values, ttl_expiry, kNowhere, renewed.attempts,
                               renewed.recovery_point, renewed.created_at, renewed.fingerprint);
       }
       // The row changed since we read it: decide again.
@@ -482,8 +487,13 @@ Datum sql_complete_key(FunctionCallInfo fcinfo) {
   Session store(fcinfo->flinfo->fn_oid);
   // The key expires ttl after completion; in the inbox pattern the claim's own expiry is
   // kept (same transaction, so the same moment to any other transaction).
-  std::optional<TimestampTz> expires_at = own_claim_expiry(token);
-  if (!expires_at) {
+  const OwnClaim* own = own_claim(token);
+  std::optional<TimestampTz> expires_at;
+  ItemPointerData where = kNowhere;
+  if (own != nullptr) {
+    expires_at = own->expires_at;
+    where = own->where;
+  } else {
     // A fresh snapshot, not the statement's: the claim may have been made earlier in this
     // very statement (claims of more keys than own_claims keeps), invisible to that snapshot.
     std::optional<KeyRow> row = store.find(name.scope, name.key);
@@ -491,7 +501,7 @@ Datum sql_complete_key(FunctionCallInfo fcinfo) {
     expires_at = add_interval(now, row->ttl);
   }
   std::optional<KeyRow> completed =
-      store.complete(name.scope, name.key, token, caller, outcome, now, *expires_at);
+      store.complete(name.scope, name.key, token, caller, outcome, now, *expires_at, where);
   if (!completed) {
     KeyRow row = explain_fence(store, name, token, caller, now);
     if (!same_response(row, outcome.response, outcome.response_code))

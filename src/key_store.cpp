@@ -1,6 +1,8 @@
-// The executor path to idempotency_keys (see key_store.hpp).
+// The executor path to idempotency_keys, and the choice between it and the direct one
+// (see key_store.hpp).
 #include "key_store.hpp"
 
+#include "key_heap.hpp"
 #include "pg_boundary.hpp"
 
 namespace idem::key_store {
@@ -138,41 +140,6 @@ uint64 run(PlanId id, Datum* values, const char* nulls, bool read_only, long lim
   return SPI_processed;
 }
 
-// Builds a KeyRow from the columns of kRowColumns (2..12; column 1, the status, is passed
-// as `completed`), copying varlena values into `context` so they outlive the scan.
-template <typename ColumnReader>
-KeyRow decode_columns(ColumnReader&& column, bool completed, MemoryContext context) {
-  auto copy_varlena = [&](int number) -> struct varlena* {
-    bool is_null = false;
-    Datum value = column(number, &is_null);
-    if (is_null) return nullptr;
-    return pg_call([&] {
-      MemoryContext old = MemoryContextSwitchTo(context);
-      struct varlena* copy = PG_DETOAST_DATUM_COPY(value);
-      MemoryContextSwitchTo(old);
-      return copy;
-    });
-  };
-  KeyRow row{};
-  bool is_null = false;
-  row.completed = completed;
-  row.owner = DatumGetObjectId(column(2, &is_null));
-  row.fingerprint = reinterpret_cast<bytea*>(copy_varlena(3));
-  row.response = reinterpret_cast<Jsonb*>(copy_varlena(4));
-  Datum code = column(5, &is_null);
-  if (!is_null) row.response_code = DatumGetInt32(code);
-  row.recovery_point = reinterpret_cast<text*>(copy_varlena(6));
-  Datum token = column(7, &is_null);
-  if (!is_null) row.lease_token = *DatumGetUUIDP(token);
-  Datum locked_until = column(8, &is_null);
-  if (!is_null) row.locked_until = DatumGetTimestampTz(locked_until);
-  row.attempts = DatumGetInt32(column(9, &is_null));
-  row.ttl = *DatumGetIntervalP(column(10, &is_null));
-  row.created_at = DatumGetTimestampTz(column(11, &is_null));
-  row.expires_at = DatumGetTimestampTz(column(12, &is_null));
-  return row;
-}
-
 // Copies row `index` of the last SPI result into `context`.
 KeyRow decode(uint64 index, MemoryContext context) {
   HeapTuple tuple = SPI_tuptable->vals[index];
@@ -182,75 +149,6 @@ KeyRow decode(uint64 index, MemoryContext context) {
   };
   bool is_null = false;
   return decode_columns(column, DatumGetBool(column(1, &is_null)), context);
-}
-
-// --- The direct read path ---------------------------------------------------------------
-//
-// A profile of claim_key showed the SPI SELECT of the first look costing about a sixth of
-// a whole new-key transaction (executor start-up and shutdown around one index probe).
-// The first look therefore probes the primary key directly with the statement's snapshot:
-// one B-Tree descent and a heap fetch. Everything that decides or writes still goes
-// through the executor, so correctness never depends on this path. Under Citus the local
-// table is an empty shell (the rows live in shards), so there the first look uses SPI.
-
-constexpr const char* kProbeColumns[] = {
-    "status",      "owner",        "fingerprint", "response", "response_code", "recovery_point",
-    "lease_token", "locked_until", "attempts",    "ttl",      "created_at",    "expires_at"};
-constexpr int kProbeColumnCount = 12;
-
-struct ProbeLayout {
-  Oid table = InvalidOid;
-  Oid primary_key = InvalidOid;
-  AttrNumber attnums[kProbeColumnCount] = {};
-  Oid completed_label = InvalidOid;
-};
-ProbeLayout probe_layout;
-
-void load_probe_layout(Oid table) {
-  probe_layout.table = InvalidOid;
-  pg_call([&] {
-    Relation relation = table_open(table, AccessShareLock);
-#if PG_VERSION_NUM >= 180000
-    probe_layout.primary_key = RelationGetPrimaryKeyIndex(relation, false);
-#else
-    probe_layout.primary_key = RelationGetPrimaryKeyIndex(relation);
-#endif
-    table_close(relation, NoLock);
-    for (int i = 0; i < kProbeColumnCount; ++i)
-      probe_layout.attnums[i] = get_attnum(table, kProbeColumns[i]);
-    Oid status_type = get_atttype(table, probe_layout.attnums[0]);
-    probe_layout.completed_label =
-        GetSysCacheOid2(ENUMTYPOIDNAME, Anum_pg_enum_oid, ObjectIdGetDatum(status_type),
-                        CStringGetDatum("completed"));
-  });
-  for (AttrNumber attnum : probe_layout.attnums)
-    if (attnum == InvalidAttrNumber)
-      throw Error(ERRCODE_UNDEFINED_COLUMN, "idempotency_keys lacks a column of this version");
-  if (!OidIsValid(probe_layout.primary_key) || !OidIsValid(probe_layout.completed_label))
-    throw Error(ERRCODE_UNDEFINED_OBJECT, "idempotency_keys lacks its primary key or status type");
-  probe_layout.table = table;
-}
-
-// Citus routes statements to shards through the planner; a direct read would see the
-// coordinator's empty shell table.
-bool direct_reads_possible() {
-  return GetConfigOption("citus.version", true, false) == nullptr;
-}
-
-// Pointers to a probe's open objects, closed by close_probe (also on the error path).
-struct Probe {
-  Relation table = nullptr;
-  Relation index = nullptr;
-  IndexScanDesc scan = nullptr;
-  TupleTableSlot* slot = nullptr;
-};
-
-void close_probe(Probe& probe) {
-  if (probe.scan != nullptr) index_endscan(probe.scan);
-  if (probe.slot != nullptr) ExecDropSingleTupleTableSlot(probe.slot);
-  if (probe.index != nullptr) index_close(probe.index, NoLock);
-  if (probe.table != nullptr) table_close(probe.table, NoLock);
-  probe = Probe{};
 }
 
 Datum nullable(const void* pointer) {
@@ -309,40 +207,8 @@ void Session::finish() {
 }
 
 std::optional<KeyRow> Session::peek(text* scope, text* key) {
-  if (!direct_reads_possible() || !ActiveSnapshotSet()) return find(scope, key, false);
-  if (probe_layout.table != table_) load_probe_layout(table_);
-  // On an error, transaction abort releases what the probe holds (relations, pins).
-  Probe probe;
-  bool found = pg_call([&] {
-    probe.table = table_open(table_, AccessShareLock);
-    probe.index = index_open(probe_layout.primary_key, AccessShareLock);
-    ScanKeyData keys[2];
-    ScanKeyInit(&keys[0], 1, BTEqualStrategyNumber, F_TEXTEQ, PointerGetDatum(scope));
-    ScanKeyInit(&keys[1], 2, BTEqualStrategyNumber, F_TEXTEQ, PointerGetDatum(key));
-#if PG_VERSION_NUM >= 180000  // index_beginscan gained an instrumentation argument
-    probe.scan = index_beginscan(probe.table, probe.index, GetActiveSnapshot(), nullptr, 2, 0);
-#else
-    probe.scan = index_beginscan(probe.table, probe.index, GetActiveSnapshot(), 2, 0);
-#endif
-    index_rescan(probe.scan, keys, 2, nullptr, 0);
-    probe.slot = table_slot_create(probe.table, nullptr);
-    bool hit = index_getnext_slot(probe.scan, ForwardScanDirection, probe.slot);
-    if (hit) slot_getallattrs(probe.slot);
-    return hit;
-  });
-  std::optional<KeyRow> row;
-  if (found) {
-    auto column = [&](int number, bool* is_null) {
-      int index = probe_layout.attnums[number - 1] - 1;
-      *is_null = probe.slot->tts_isnull[index];
-      return probe.slot->tts_values[index];
-    };
-    bool is_null = false;
-    bool completed = DatumGetObjectId(column(1, &is_null)) == probe_layout.completed_label;
-    row = decode_columns(column, completed, caller_context_);
-  }
-  pg_call([&] { close_probe(probe); });
-  return row;
+  if (!key_heap::available() || !ActiveSnapshotSet()) return find(scope, key, false);
+  return key_heap::find(table_, scope, key, caller_context_);
 }
 
 std::optional<KeyRow> Session::find(text* scope, text* key, bool fresh_snapshot) {
@@ -381,7 +247,18 @@ uint64 Session::execute_claim(int plan, text* scope, text* key, const ClaimValue
   return execute(plan, values, nulls, false, 0);
 }
 
-bool Session::insert(text* scope, text* key, const ClaimValues& claim) {
+bool Session::insert(text* scope, text* key, const ClaimValues& claim, ItemPointerData* where) {
+  ItemPointerSetInvalid(where);
+  if (key_heap::available()) {
+    switch (key_heap::insert(table_, scope, key, claim, where)) {
+      case key_heap::InsertResult::kInserted:
+        return true;
+      case key_heap::InsertResult::kExists:
+        return false;
+      case key_heap::InsertResult::kNeedsExecutor:
+        break;
+    }
+  }
   return execute_claim(kInsert, scope, key, claim) == 1;
 }
 
@@ -398,7 +275,12 @@ KeyRow Session::reclaim(text* scope, text* key, const ClaimValues& claim) {
 
 std::optional<KeyRow> Session::complete(text* scope, text* key, const pg_uuid_t& token, Oid owner,
                                         const Outcome& outcome, TimestampTz now,
-                                        TimestampTz expires_at) {
+                                        TimestampTz expires_at, const ItemPointerData& where) {
+  if (ItemPointerIsValid(&where) && key_heap::available()) {
+    if (std::optional<KeyRow> row = key_heap::complete(table_, where, scope, key, token, owner,
+                                                       outcome, now, expires_at, caller_context_))
+      return row;
+  }
   Datum values[] = {PointerGetDatum(scope),
                     PointerGetDatum(key),
                     UUIDPGetDatum(&token),

@@ -1,46 +1,13 @@
 // The idempotency_keys table, reached through the executor (SPI) with plans prepared once
-// per backend. Going through the executor (not the heap and index directly) is what lets
-// Citus route each statement to the shard that holds the key. Every value is computed in
-// C++ and passed as a parameter: no statement calls a volatile function.
+// per backend, or, on the hot path and where the table allows it, directly (key_heap.hpp).
+// Going through the executor is what lets Citus route each statement to the shard that
+// holds the key. Every value is computed in C++ and passed as a parameter: no statement
+// calls a volatile function.
 #pragma once
 
-#include "pg.hpp"
+#include "key_row.hpp"
 
 namespace idem::key_store {
-
-// The caller's view of one stored row. Varlena values are copied into the memory context
-// that was current when the Session was opened, so they outlive the SPI connection.
-struct KeyRow {
-  bool completed;
-  Oid owner;
-  bytea* fingerprint;  // nullptr = NULL
-  Jsonb* response;     // nullptr = NULL
-  std::optional<int32> response_code;
-  text* recovery_point;  // nullptr = NULL
-  std::optional<pg_uuid_t> lease_token;
-  std::optional<TimestampTz> locked_until;
-  int32 attempts;
-  Interval ttl;
-  TimestampTz created_at;
-  TimestampTz expires_at;
-};
-
-// Values of a fresh or renewed claim.
-struct ClaimValues {
-  Oid owner;
-  bytea* fingerprint;  // nullptr = NULL
-  pg_uuid_t token;
-  TimestampTz now;
-  TimestampTz locked_until;
-  TimestampTz expires_at;
-  Interval ttl;
-};
-
-// The stored outcome of a completion.
-struct Outcome {
-  Jsonb* response;  // nullptr = NULL
-  std::optional<int32> response_code;
-};
 
 // One SPI connection for the duration of an SQL call. Opening it locates the table through
 // the schema of the calling function (never through search_path).
@@ -66,15 +33,18 @@ class Session {
   std::optional<KeyRow> find(text* scope, text* key, bool fresh_snapshot = true);
   // Locks the newest version of the row, skipping it if another transaction has it locked.
   std::optional<KeyRow> lock(text* scope, text* key);
-  // INSERT ... ON CONFLICT DO NOTHING; false when the key exists.
-  bool insert(text* scope, text* key, const ClaimValues& claim);
+  // Inserts a fresh claim; false when the key exists. `where` receives the new row's TID
+  // when it was written directly, else an invalid TID.
+  bool insert(text* scope, text* key, const ClaimValues& claim, ItemPointerData* where);
   // Replaces an expired row by a fresh claim (attempts 1, no recovery point).
   void restart(text* scope, text* key, const ClaimValues& claim);
   // Takes over a processing row whose lease ended or was released; returns the new row.
   KeyRow reclaim(text* scope, text* key, const ClaimValues& claim);
   // Fenced completion; nullopt when `token` does not hold a live processing row of `owner`.
+  // `where` is the TID insert() reported if this transaction made the claim, else invalid.
   std::optional<KeyRow> complete(text* scope, text* key, const pg_uuid_t& token, Oid owner,
-                                 const Outcome& outcome, TimestampTz now, TimestampTz expires_at);
+                                 const Outcome& outcome, TimestampTz now, TimestampTz expires_at,
+                                 const ItemPointerData& where);
   // Fenced release; false when `token` does not hold the key.
   bool release(text* scope, text* key, const pg_uuid_t& token, Oid owner, TimestampTz now);
   // Fenced checkpoint; false when `token` does not hold the key.

@@ -2,6 +2,7 @@
 #include "claim_protocol.hpp"
 #include "cleanup_worker.hpp"
 #include "gucs.hpp"
+#include "key_heap.hpp"
 #include "pg_boundary.hpp"
 #include "stats.hpp"
 
@@ -12,6 +13,7 @@ void _PG_init(void);
 void _PG_init(void) {
   idem::gucs::define();
   idem::claim_protocol::on_load();
+  idem::key_heap::on_load();
   // Shared memory and the background worker exist only when the postmaster loads us.
   if (process_shared_preload_libraries_in_progress) {
     idem::stats::install_shared_memory_hooks();

@@ -1,0 +1,402 @@
+// Direct heap and index access to idempotency_keys (see key_heap.hpp).
+#include "key_heap.hpp"
+
+namespace idem::key_heap {
+namespace {
+
+enum Column {
+  kScope,
+  kKey,
+  kOwner,
+  kFingerprint,
+  kAttempts,
+  kTtl,
+  kCreatedAt,
+  kExpiresAt,
+  kLeaseToken,
+  kLockedUntil,
+  kRecoveryPoint,
+  kStatus,
+  kResponseCode,
+  kUpdatedAt,
+  kResponse,
+  kColumnCount
+};
+constexpr const char* kColumnNames[kColumnCount] = {
+    "scope",       "key",          "owner",          "fingerprint", "attempts",
+    "ttl",         "created_at",   "expires_at",     "lease_token", "locked_until",
+    "recovery_point", "status",    "response_code",  "updated_at",  "response"};
+// The columns idempotency--1.0.sql declares NOT NULL. A NOT NULL added to another column
+// is a constraint the direct path would not check, so such a table goes to the executor.
+constexpr bool kDeclaredNotNull[kColumnCount] = {true,  true,  true,  false, true,
+                                                 true,  true,  true,  false, false,
+                                                 false, true,  false, true,  false};
+// The column behind each RowColumn of key_row.hpp (index 0 unused).
+constexpr Column kRowColumnSource[] = {kStatus,       kStatus,        kOwner,       kFingerprint,
+                                       kResponse,     kResponseCode,  kRecoveryPoint,
+                                       kLeaseToken,   kLockedUntil,   kAttempts,    kTtl,
+                                       kCreatedAt,    kExpiresAt};
+
+constexpr int kMaxIndexes = 8;
+constexpr int kMaxAttributes = 64;  // live and dropped columns of the table
+
+// What the direct path needs to know about the table, loaded once per backend and
+// forgotten by the relcache callback whenever the table or one of its indexes changes.
+struct Layout {
+  Oid table = InvalidOid;  // InvalidOid: not loaded
+  MemoryContext memory = nullptr;  // holds index_info
+  Oid primary_key = InvalidOid;
+  AttrNumber attnum[kColumnCount] = {};
+  Oid processing_label = InvalidOid;
+  Oid completed_label = InvalidOid;
+  // An ordinary heap table with only our columns and NOT NULLs, whose indexes are all on
+  // plain columns, without predicates, and checked immediately.
+  bool direct_writes = false;
+  int index_count = 0;
+  Oid index_oids[kMaxIndexes] = {};
+  IndexInfo* index_info[kMaxIndexes] = {};
+};
+Layout layout;
+
+void forget_layout(Datum, Oid relation) {
+  if (relation == InvalidOid || relation == layout.table) layout.table = InvalidOid;
+  for (int i = 0; i < layout.index_count; ++i)
+    if (layout.index_oids[i] == relation) layout.table = InvalidOid;
+}
+
+// Fills `l` from the open table; false when one of our columns is missing.
+bool read_layout(Relation table, Layout& l) {
+  TupleDesc desc = RelationGetDescr(table);
+  l.direct_writes = table->rd_rel->relkind == RELKIND_RELATION &&
+                    table->rd_rel->relam == HEAP_TABLE_AM_OID && desc->natts <= kMaxAttributes;
+  for (int i = 0; i < desc->natts; ++i) {
+    Form_pg_attribute attribute = TupleDescAttr(desc, i);
+    if (attribute->attisdropped) continue;
+    int column = 0;
+    while (column < kColumnCount && strcmp(NameStr(attribute->attname), kColumnNames[column]) != 0)
+      ++column;
+    if (column == kColumnCount) {
+      l.direct_writes = false;  // a column of the user's: its default is the executor's job
+      continue;
+    }
+    l.attnum[column] = attribute->attnum;
+    if (attribute->attnotnull && !kDeclaredNotNull[column]) l.direct_writes = false;
+  }
+  for (AttrNumber attnum : l.attnum)
+    if (attnum == InvalidAttrNumber) return false;
+#if PG_VERSION_NUM >= 180000
+  l.primary_key = RelationGetPrimaryKeyIndex(table, false);
+#else
+  l.primary_key = RelationGetPrimaryKeyIndex(table);
+#endif
+  Oid status_type = TupleDescAttr(desc, l.attnum[kStatus] - 1)->atttypid;
+  for (auto [label, oid] : {std::pair{"processing", &l.processing_label},
+                            std::pair{"completed", &l.completed_label}})
+    *oid = GetSysCacheOid2(ENUMTYPOIDNAME, Anum_pg_enum_oid, ObjectIdGetDatum(status_type),
+                           CStringGetDatum(label));
+  List* indexes = RelationGetIndexList(table);
+  if (list_length(indexes) > kMaxIndexes) l.direct_writes = false;
+  ListCell* cell = nullptr;
+  foreach (cell, indexes) {
+    if (l.index_count == kMaxIndexes) break;
+    Relation index = index_open(lfirst_oid(cell), AccessShareLock);
+    MemoryContext old = MemoryContextSwitchTo(l.memory);
+    IndexInfo* info = BuildIndexInfo(index);
+    MemoryContextSwitchTo(old);
+    if (info->ii_Expressions != NIL || info->ii_Predicate != NIL ||
+        info->ii_ExclusionOps != nullptr ||
+        (index->rd_index->indisunique && !index->rd_index->indimmediate))
+      l.direct_writes = false;
+    l.index_oids[l.index_count] = RelationGetRelid(index);
+    l.index_info[l.index_count++] = info;
+    index_close(index, NoLock);
+  }
+  list_free(indexes);
+  return true;
+}
+
+void load_layout(Relation table) {
+  bool complete = pg_call([&] {
+    layout.table = InvalidOid;
+    if (layout.memory == nullptr)
+      layout.memory =
+          AllocSetContextCreate(TopMemoryContext, "idempotency table layout", ALLOCSET_SMALL_SIZES);
+    else
+      MemoryContextReset(layout.memory);
+    Layout loaded;
+    loaded.memory = layout.memory;
+    bool found = read_layout(table, loaded);
+    layout = loaded;
+    return found;
+  });
+  if (!complete)
+    throw Error(ERRCODE_UNDEFINED_COLUMN, "idempotency_keys lacks a column of this version");
+  if (!OidIsValid(layout.primary_key) || !OidIsValid(layout.completed_label) ||
+      !OidIsValid(layout.processing_label))
+    throw Error(ERRCODE_UNDEFINED_OBJECT, "idempotency_keys lacks its primary key or status type");
+  layout.table = RelationGetRelid(table);
+}
+
+// Per call (the relcache entry is current once the table is locked): what a write through
+// the executor would do beyond inserting tuples and index entries.
+bool needs_executor(Relation table) {
+  if (!layout.direct_writes || table->trigdesc != nullptr || table->rd_rel->relrowsecurity ||
+      table->rd_rel->relispartition)
+    return true;
+  const TupleConstr* constraints = table->rd_att->constr;
+  if (constraints == nullptr) return false;
+#if PG_VERSION_NUM >= 180000
+  if (constraints->has_generated_virtual) return true;
+#endif
+  return constraints->num_check > 0 || constraints->has_generated_stored;
+}
+
+// Looks up (scope, key) in the primary key with `snapshot`, leaving the row in `slot`.
+bool probe(Relation table, Relation primary_key, Snapshot snapshot, text* scope, text* key,
+           TupleTableSlot* slot) {
+  ScanKeyData keys[2];
+  ScanKeyInit(&keys[0], 1, BTEqualStrategyNumber, F_TEXTEQ, PointerGetDatum(scope));
+  ScanKeyInit(&keys[1], 2, BTEqualStrategyNumber, F_TEXTEQ, PointerGetDatum(key));
+#if PG_VERSION_NUM >= 180000  // index_beginscan gained an instrumentation argument
+  IndexScanDesc scan = index_beginscan(table, primary_key, snapshot, nullptr, 2, 0);
+#else
+  IndexScanDesc scan = index_beginscan(table, primary_key, snapshot, 2, 0);
+#endif
+  index_rescan(scan, keys, 2, nullptr, 0);
+  bool found = index_getnext_slot(scan, ForwardScanDirection, slot);
+  index_endscan(scan);
+  return found;
+}
+
+// The table and its indexes, open for one write.
+struct Writer {
+  Relation table = nullptr;
+  int index_count = 0;
+  Relation indexes[kMaxIndexes] = {};
+};
+
+void close_writer(Writer& writer) {
+  for (int i = 0; i < writer.index_count; ++i) index_close(writer.indexes[i], NoLock);
+  if (writer.table != nullptr) table_close(writer.table, NoLock);
+  writer = Writer{};
+}
+
+// Opens the table for `command`; false when the executor must do the write (the table
+// needs its machinery, or a privilege is missing: the executor then reports it).
+bool open_writer(Writer& writer, Oid table, AclMode privileges, const char* command) {
+  pg_call([&] {
+    PreventCommandIfReadOnly(command);
+    PreventCommandIfParallelMode(command);
+    writer.table = table_open(table, RowExclusiveLock);
+  });
+  if (layout.table != table) load_layout(writer.table);
+  bool direct = pg_call([&] {
+    if (needs_executor(writer.table) ||
+        pg_class_aclmask(table, GetUserId(), privileges, ACLMASK_ALL) != privileges)
+      return false;
+    for (int i = 0; i < layout.index_count; ++i)
+      writer.indexes[writer.index_count++] = index_open(layout.index_oids[i], RowExclusiveLock);
+    return true;
+  });
+  if (!direct) pg_call([&] { close_writer(writer); });
+  return direct;
+}
+
+Relation primary_key_of(const Writer& writer) {
+  for (int i = 0; i < writer.index_count; ++i)
+    if (RelationGetRelid(writer.indexes[i]) == layout.primary_key) return writer.indexes[i];
+  return nullptr;
+}
+
+// Adds the index entries of the heap tuple at `tid` (whose columns are values / nulls),
+// as the executor would: unique indexes check uniqueness, and an update's HOT-eligible
+// change touches only the summarizing indexes.
+void insert_index_entries(Writer& writer, Datum* values, bool* nulls, ItemPointer tid,
+                          bool update, bool only_summarizing) {
+  for (int i = 0; i < writer.index_count; ++i) {
+    Relation index = writer.indexes[i];
+    IndexInfo* info = layout.index_info[i];
+    if (!index->rd_index->indisready) continue;  // being built concurrently
+#if PG_VERSION_NUM >= 160000
+    if (only_summarizing && !info->ii_Summarizing) continue;
+#else
+    (void)only_summarizing;
+#endif
+    Datum key_values[INDEX_MAX_KEYS];
+    bool key_nulls[INDEX_MAX_KEYS];
+    for (int k = 0; k < info->ii_NumIndexAttrs; ++k) {
+      AttrNumber attnum = info->ii_IndexAttrNumbers[k];
+      key_values[k] = values[attnum - 1];
+      key_nulls[k] = nulls[attnum - 1];
+    }
+    index_insert(index, key_values, key_nulls, tid, writer.table,
+                 index->rd_index->indisunique ? UNIQUE_CHECK_YES : UNIQUE_CHECK_NO, update, info);
+  }
+}
+
+bool same_text(Datum stored, const text* given) {
+  struct varlena* value = pg_detoast_datum_packed(reinterpret_cast<struct varlena*>(stored));
+  return VARSIZE_ANY_EXHDR(value) == VARSIZE_ANY_EXHDR(given) &&
+         memcmp(VARDATA_ANY(value), VARDATA_ANY(given), VARSIZE_ANY_EXHDR(given)) == 0;
+}
+
+// A KeyRow from a heap tuple of the table, copied into `context`.
+KeyRow decode_tuple(HeapTuple tuple, TupleDesc desc, MemoryContext context) {
+  auto column = [&](int number, bool* is_null) {
+    return heap_getattr(tuple, layout.attnum[kRowColumnSource[number]], desc, is_null);
+  };
+  bool is_null = false;
+  return key_store::decode_columns(
+      column, DatumGetObjectId(column(key_store::kRowStatus, &is_null)) == layout.completed_label,
+      context);
+}
+
+}  // namespace
+
+bool available() {
+  return GetConfigOption("citus.version", true, false) == nullptr;
+}
+
+std::optional<KeyRow> find(Oid table, text* scope, text* key, MemoryContext context) {
+  Relation relation = pg_call([&] { return table_open(table, AccessShareLock); });
+  if (layout.table != table) load_layout(relation);
+  // On an error, transaction abort releases what is open here (relations, pins, slot).
+  TupleTableSlot* slot = nullptr;
+  bool found = pg_call([&] {
+    Relation primary_key = index_open(layout.primary_key, AccessShareLock);
+    slot = table_slot_create(relation, nullptr);
+    bool hit = probe(relation, primary_key, GetActiveSnapshot(), scope, key, slot);
+    index_close(primary_key, NoLock);
+    return hit;
+  });
+  std::optional<KeyRow> row;
+  if (found) {
+    pg_call([&] { slot_getallattrs(slot); });
+    auto column = [&](int number, bool* is_null) {
+      int index = layout.attnum[kRowColumnSource[number]] - 1;
+      *is_null = slot->tts_isnull[index];
+      return slot->tts_values[index];
+    };
+    bool is_null = false;
+    row = key_store::decode_columns(
+        column, DatumGetObjectId(column(key_store::kRowStatus, &is_null)) == layout.completed_label,
+        context);
+  }
+  pg_call([&] {
+    ExecDropSingleTupleTableSlot(slot);
+    table_close(relation, NoLock);
+  });
+  return row;
+}
+
+InsertResult insert(Oid table, text* scope, text* key, const ClaimValues& claim,
+                    ItemPointerData* where) {
+  Writer writer;
+  if (!open_writer(writer, table, ACL_INSERT, "INSERT")) return InsertResult::kNeedsExecutor;
+  bool inserted = pg_call([&] {
+    Relation primary_key = primary_key_of(writer);
+    TupleTableSlot* slot = table_slot_create(writer.table, nullptr);
+    SnapshotData dirty;
+    InitDirtySnapshot(dirty);
+    bool exists = probe(writer.table, primary_key, &dirty, scope, key, slot);
+    ExecDropSingleTupleTableSlot(slot);
+    if (exists) return false;
+
+    Datum values[kMaxAttributes];
+    bool nulls[kMaxAttributes];
+    for (bool& null : nulls) null = true;
+    auto set = [&](Column column, Datum value) {
+      values[layout.attnum[column] - 1] = value;
+      nulls[layout.attnum[column] - 1] = false;
+    };
+    set(kScope, PointerGetDatum(scope));
+    set(kKey, PointerGetDatum(key));
+    set(kOwner, ObjectIdGetDatum(claim.owner));
+    if (claim.fingerprint != nullptr) set(kFingerprint, PointerGetDatum(claim.fingerprint));
+    set(kAttempts, Int32GetDatum(1));
+    set(kTtl, IntervalPGetDatum(&claim.ttl));
+    set(kCreatedAt, TimestampTzGetDatum(claim.now));
+    set(kExpiresAt, TimestampTzGetDatum(claim.expires_at));
+    set(kLeaseToken, UUIDPGetDatum(&claim.token));
+    set(kLockedUntil, TimestampTzGetDatum(claim.locked_until));
+    set(kStatus, ObjectIdGetDatum(layout.processing_label));
+    set(kUpdatedAt, TimestampTzGetDatum(claim.now));
+    HeapTuple tuple = heap_form_tuple(RelationGetDescr(writer.table), values, nulls);
+    heap_insert(writer.table, tuple, GetCurrentCommandId(true), 0, nullptr);
+    insert_index_entries(writer, values, nulls, &tuple->t_self, false, false);
+    *where = tuple->t_self;
+    heap_freetuple(tuple);
+    // Later statements of this call (a completion in the same SQL statement) see the row.
+    CommandCounterIncrement();
+    return true;
+  });
+  pg_call([&] { close_writer(writer); });
+  return inserted ? InsertResult::kInserted : InsertResult::kExists;
+}
+
+std::optional<KeyRow> complete(Oid table, const ItemPointerData& where, text* scope, text* key,
+                               const pg_uuid_t& token, Oid owner, const Outcome& outcome,
+                               TimestampTz now, TimestampTz expires_at, MemoryContext context) {
+  Writer writer;
+  if (!open_writer(writer, table, ACL_UPDATE | ACL_SELECT, "UPDATE")) return std::nullopt;
+  HeapTuple updated = pg_call([&]() -> HeapTuple {
+    CheckCmdReplicaIdentity(writer.table, CMD_UPDATE);
+    TupleDesc desc = RelationGetDescr(writer.table);
+    HeapTupleData old;
+    old.t_self = where;
+    Buffer buffer = InvalidBuffer;
+    // SnapshotSelf: the version this transaction sees now; an updated or deleted one is not.
+    if (!heap_fetch(writer.table, SnapshotSelf, &old, &buffer, false)) return nullptr;
+    Datum values[kMaxAttributes];
+    bool nulls[kMaxAttributes];
+    heap_deform_tuple(&old, desc, values, nulls);
+    auto at = [](Column column) { return layout.attnum[column] - 1; };
+    bool holds =
+        !nulls[at(kLeaseToken)] &&
+        memcmp(DatumGetUUIDP(values[at(kLeaseToken)])->data, token.data, UUID_LEN) == 0 &&
+        DatumGetObjectId(values[at(kOwner)]) == owner &&
+        DatumGetObjectId(values[at(kStatus)]) == layout.processing_label &&
+        DatumGetTimestampTz(values[at(kExpiresAt)]) > now &&
+        same_text(values[at(kScope)], scope) && same_text(values[at(kKey)], key);
+    if (!holds) {
+      ReleaseBuffer(buffer);
+      return nullptr;
+    }
+    values[at(kStatus)] = ObjectIdGetDatum(layout.completed_label);
+    values[at(kResponseCode)] = Int32GetDatum(outcome.response_code.value_or(0));
+    nulls[at(kResponseCode)] = !outcome.response_code;
+    values[at(kUpdatedAt)] = TimestampTzGetDatum(now);
+    values[at(kResponse)] = PointerGetDatum(outcome.response);
+    nulls[at(kResponse)] = outcome.response == nullptr;
+    values[at(kExpiresAt)] = TimestampTzGetDatum(expires_at);
+    // The pin kept the old tuple's bytes in place until they are copied here.
+    HeapTuple tuple = heap_form_tuple(desc, values, nulls);
+    ReleaseBuffer(buffer);
+#if PG_VERSION_NUM >= 160000
+    TU_UpdateIndexes update_indexes = TU_All;
+    simple_heap_update(writer.table, &old.t_self, tuple, &update_indexes);
+    bool new_entries = update_indexes != TU_None;
+    bool only_summarizing = update_indexes == TU_Summarizing;
+#else
+    simple_heap_update(writer.table, &old.t_self, tuple);
+    bool new_entries = !HeapTupleIsHeapOnly(tuple);
+    bool only_summarizing = false;
+#endif
+    if (new_entries) {
+      heap_deform_tuple(tuple, desc, values, nulls);
+      insert_index_entries(writer, values, nulls, &tuple->t_self, true, only_summarizing);
+    }
+    CommandCounterIncrement();
+    return tuple;
+  });
+  std::optional<KeyRow> row;
+  if (updated != nullptr) row = decode_tuple(updated, RelationGetDescr(writer.table), context);
+  pg_call([&] { close_writer(writer); });
+  return row;
+}
+
+void on_load() {
+  CacheRegisterRelcacheCallback(forget_layout, 0);
+}
+
+}  // namespace idem::key_heap

@@ -1,0 +1,53 @@
+// The hot path to idempotency_keys: its heap and indexes reached directly, without the
+// executor.
+//
+// A profile of a new-key claim showed the executor's INSERT ... ON CONFLICT costing half of
+// the whole transaction (executor start-up, the speculative insertion's conflict pre-check,
+// its confirmation record), and an UPDATE as much again for the completion in the same
+// transaction. The common cases therefore skip it:
+//   - the first look at a key is one primary-key probe with the statement's snapshot;
+//   - a new key is inserted as one heap tuple plus its index entries, after a probe with a
+//     dirty snapshot (committed or in-progress versions) made while holding the key lock;
+//   - the completion of a claim made by the same transaction updates the row it inserted,
+//     found by its TID, in place (a HOT update when the page has room).
+// Everything else (re-claims, the two-phase pattern, release, checkpoint) and every table
+// whose definition needs the executor's machinery (triggers, row-level security, CHECK
+// constraints, expression or partial indexes, extra columns, Citus) goes through the
+// executor (key_store). The direct path checks the same privileges and read-only state.
+#pragma once
+
+#include "key_row.hpp"
+
+namespace idem::key_heap {
+
+using key_store::ClaimValues;
+using key_store::KeyRow;
+using key_store::Outcome;
+
+// Citus keeps the rows in shards that only its planner routes to: there the local table is
+// an empty shell, and nothing here may be used.
+bool available();
+
+// The row of (scope, key) visible to the calling statement's snapshot; varlena values are
+// copied into `context`.
+std::optional<KeyRow> find(Oid table, text* scope, text* key, MemoryContext context);
+
+enum class InsertResult { kInserted, kExists, kNeedsExecutor };
+
+// Inserts a fresh claim of (scope, key) unless any version of the key exists that a dirty
+// snapshot sees (committed, or written by a transaction still open). The caller holds the
+// key lock. `where` receives the new row's TID.
+InsertResult insert(Oid table, text* scope, text* key, const ClaimValues& claim,
+                    ItemPointerData* where);
+
+// Completes the claim `token` of (scope, key) that this transaction inserted at `where`.
+// nullopt means "not done here": the table needs the executor, or the row at `where` is no
+// longer that claim's live row; the executor path then decides (and explains a refusal).
+std::optional<KeyRow> complete(Oid table, const ItemPointerData& where, text* scope, text* key,
+                               const pg_uuid_t& token, Oid owner, const Outcome& outcome, TimestampTz now,
+                               TimestampTz expires_at, MemoryContext context);
+
+// Registers the relcache callback that forgets a cached table layout when it changes.
+void on_load();
+
+}  // namespace idem::key_heap

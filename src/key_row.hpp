@@ -1,0 +1,95 @@
+// One row of idempotency_keys as the claim protocol sees it, shared by the two ways the
+// table is reached: the executor (key_store) and the heap and indexes directly (key_heap).
+#pragma once
+
+#include "pg.hpp"
+#include "pg_boundary.hpp"
+
+namespace idem::key_store {
+
+// The caller's view of one stored row. Varlena values are copied into the memory context
+// that was current when the Session was opened, so they outlive the SPI connection.
+struct KeyRow {
+  bool completed;
+  Oid owner;
+  bytea* fingerprint;  // nullptr = NULL
+  Jsonb* response;     // nullptr = NULL
+  std::optional<int32> response_code;
+  text* recovery_point;  // nullptr = NULL
+  std::optional<pg_uuid_t> lease_token;
+  std::optional<TimestampTz> locked_until;
+  int32 attempts;
+  Interval ttl;
+  TimestampTz created_at;
+  TimestampTz expires_at;
+};
+
+// Values of a fresh or renewed claim.
+struct ClaimValues {
+  Oid owner;
+  bytea* fingerprint;  // nullptr = NULL
+  pg_uuid_t token;
+  TimestampTz now;
+  TimestampTz locked_until;
+  TimestampTz expires_at;
+  Interval ttl;
+};
+
+// The stored outcome of a completion.
+struct Outcome {
+  Jsonb* response;  // nullptr = NULL
+  std::optional<int32> response_code;
+};
+
+// The columns a KeyRow is read from, in the order decode_columns numbers them (1-based).
+enum RowColumn {
+  kRowStatus = 1,
+  kRowOwner,
+  kRowFingerprint,
+  kRowResponse,
+  kRowResponseCode,
+  kRowRecoveryPoint,
+  kRowLeaseToken,
+  kRowLockedUntil,
+  kRowAttempts,
+  kRowTtl,
+  kRowCreatedAt,
+  kRowExpiresAt,
+};
+
+// Builds a KeyRow from `column(number, &is_null)` (numbers of RowColumn; the status is
+// passed as `completed`), copying varlena values into `context` so they outlive the scan.
+template <typename ColumnReader>
+KeyRow decode_columns(ColumnReader&& column, bool completed, MemoryContext context) {
+  auto copy_varlena = [&](int number) -> struct varlena* {
+    bool is_null = false;
+    Datum value = column(number, &is_null);
+    if (is_null) return nullptr;
+    return pg_call([&] {
+      MemoryContext old = MemoryContextSwitchTo(context);
+      struct varlena* copy = PG_DETOAST_DATUM_COPY(value);
+      MemoryContextSwitchTo(old);
+      return copy;
+    });
+  };
+  KeyRow row{};
+  bool is_null = false;
+  row.completed = completed;
+  row.owner = DatumGetObjectId(column(kRowOwner, &is_null));
+  row.fingerprint = reinterpret_cast<bytea*>(copy_varlena(kRowFingerprint));
+  row.response = reinterpret_cast<Jsonb*>(copy_varlena(kRowResponse));
+  Datum code = column(kRowResponseCode, &is_null);
+  if (!is_null) row.response_code = DatumGetInt32(code);
+  row.recovery_point = reinterpret_cast<text*>(copy_varlena(kRowRecoveryPoint));
+  Datum token = column(kRowLeaseToken, &is_null);
+  if (!is_null) row.lease_token = *DatumGetUUIDP(token);
+  Datum locked_until = column(kRowLockedUntil, &is_null);
+  if (!is_null) row.locked_until = DatumGetTimestampTz(locked_until);
+  row.attempts = DatumGetInt32(column(kRowAttempts, &is_null));
+  row.ttl = *DatumGetIntervalP(column(kRowTtl, &is_null));
+  row.created_at = DatumGetTimestampTz(column(kRowCreatedAt, &is_null));
+  row.expires_at = DatumGetTimestampTz(column(kRowExpiresAt, &is_null));
+  return row;
+}
+
+}  // namespace idem::key_store
