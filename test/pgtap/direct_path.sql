@@ -1,0 +1,230 @@
+-- pgTAP: the direct heap/index path (src/key_heap.cpp) writes what the executor writes, keeps
+-- every index whole, is used only where the table allows it, and honours what the executor
+-- would (read-only transactions, triggers, constraints, defaults, other indexes).
+-- Run by test/run.sh in a fresh database with pgtap and idempotency installed.
+\set ON_ERROR_STOP 1
+\pset format unaligned
+\pset tuples_only on
+SET client_min_messages = warning;
+SET synchronous_commit = on;
+CREATE EXTENSION amcheck;
+CREATE EXTENSION pg_walinspect;
+
+SELECT plan(50);
+
+-- Every B-Tree of idempotency_keys holds exactly the heap's live rows (amcheck verifies
+-- each heap tuple against the index, so a missing entry fails it).
+CREATE FUNCTION indexes_whole() RETURNS boolean LANGUAGE plpgsql AS $$
+DECLARE
+  i regclass;
+BEGIN
+  FOR i IN SELECT indexrelid::regclass FROM pg_index WHERE indrelid = 'idempotency_keys'::regclass LOOP
+    PERFORM bt_index_check(i, true);
+  END LOOP;
+  RETURN true;
+END
+$$;
+
+-- Speculative-insertion confirmations (what INSERT .. ON CONFLICT writes for each new row)
+-- in the WAL flushed since `start`: the direct path writes none. Only claims insert into
+-- tables with ON CONFLICT here, so other activity on the server does not count.
+-- Heap records of one type (INSERT, HOT_UPDATE, UPDATE, with or without +INIT) since
+-- `start`; flushed at commit, since the test server runs with synchronous_commit on.
+CREATE FUNCTION heap_records_since(start pg_lsn, type text) RETURNS int LANGUAGE sql AS $$
+  SELECT count(*)::int FROM pg_get_wal_records_info(start, pg_current_wal_flush_lsn())
+   WHERE resource_manager = 'Heap' AND (record_type = type OR record_type = type || '+INIT')
+$$;
+CREATE FUNCTION confirms_since(start pg_lsn) RETURNS int LANGUAGE sql AS $$
+  SELECT heap_records_since(start, 'HEAP_CONFIRM')
+$$;
+
+-------------------------------------------------------------------------------
+-- 1. The direct path: the same row as the executor path, no speculative insertion.
+-------------------------------------------------------------------------------
+SELECT pg_current_wal_insert_lsn() AS wal_start \gset
+SELECT lives_ok($$SELECT claim_key('direct-' || n, request_fingerprint('p'::text)) FROM generate_series(1, 20) n$$,
+                'twenty new keys are claimed');
+SELECT is(confirms_since(:'wal_start'), 0, 'a new key is inserted without speculative insertion (the direct path)');
+SELECT is((SELECT count(*)::int FROM idempotency_keys WHERE key LIKE 'direct-%'), 20, 'all 20 rows are there');
+
+-- The executor path, forced by a no-op trigger, for the same claim.
+CREATE FUNCTION pass_through() RETURNS trigger LANGUAGE plpgsql AS $$BEGIN RETURN NEW; END$$;
+CREATE TRIGGER pass_through BEFORE INSERT OR UPDATE ON idempotency_keys
+  FOR EACH ROW EXECUTE FUNCTION pass_through();
+SELECT pg_current_wal_insert_lsn() AS wal_start \gset
+SELECT lives_ok($$SELECT claim_key('executor-1', request_fingerprint('p'::text))$$, 'a key is claimed under the trigger');
+SELECT is(confirms_since(:'wal_start'), 1, 'with a trigger on the table the executor inserts (speculative insertion)');
+DROP TRIGGER pass_through ON idempotency_keys;
+
+SELECT is(
+  (SELECT row(owner, fingerprint, attempts, ttl, expires_at - created_at, locked_until - created_at,
+              updated_at = created_at, lease_token IS NOT NULL, recovery_point, status, response_code, response)::text
+     FROM idempotency_keys WHERE key = 'direct-1'),
+  (SELECT row(owner, fingerprint, attempts, ttl, expires_at - created_at, locked_until - created_at,
+              updated_at = created_at, lease_token IS NOT NULL, recovery_point, status, response_code, response)::text
+     FROM idempotency_keys WHERE key = 'executor-1'),
+  'the direct row has the same values as the executor''s');
+SELECT ok(indexes_whole(), 'after direct inserts every index holds every row');
+
+-------------------------------------------------------------------------------
+-- 2. Completion in the claim's transaction: an update in place, HOT when the page has room.
+-------------------------------------------------------------------------------
+SELECT pg_current_wal_insert_lsn() AS wal_start \gset
+SELECT lives_ok($$SELECT complete_key('inbox-' || n, (claim_key('inbox-' || n)).token, '{"ok": true}', 200)
+                    FROM generate_series(1, 30) n$$, '30 claims and completions in one statement');
+SELECT is(heap_records_since(:'wal_start', 'INSERT'), 30, 'claim + complete in one statement: 30 heap inserts');
+SELECT is(heap_records_since(:'wal_start', 'HOT_UPDATE'), 30, 'and 30 HOT updates');
+SELECT is(heap_records_since(:'wal_start', 'HEAP_CONFIRM') + heap_records_since(:'wal_start', 'UPDATE'), 0,
+          'and nothing else written to the heap');
+SELECT is((SELECT count(*)::int FROM idempotency_keys
+            WHERE key LIKE 'inbox-%' AND status = 'completed' AND response = '{"ok": true}' AND response_code = 200
+              AND updated_at >= created_at AND expires_at = created_at + ttl),
+          30, 'every inbox row is completed, and keeps the claim''s expiry');
+SELECT is((SELECT status::text || '/' || response::text FROM claim_key('inbox-7')), 'replay/{"ok": true}',
+          'a later claim replays the direct completion');
+
+-- The same across statements, as an application sends it.
+BEGIN;
+CREATE TEMP TABLE tx_claim AS SELECT * FROM claim_key('tx-1', request_fingerprint('a'::text));
+SELECT is((SELECT status::text FROM complete_key('tx-1', (SELECT token FROM tx_claim), '{"n": 1}', 201)), 'replay',
+          'complete_key in the claim''s transaction answers replay');
+SELECT is((SELECT status::text FROM complete_key('tx-1', (SELECT token FROM tx_claim), '{"n": 1}', 201)), 'replay',
+          'the same completion again is a no-op');
+SELECT throws_ok($$SELECT complete_key('tx-1', (SELECT token FROM tx_claim), '{"n": 2}', 201)$$, '55000', NULL,
+                 'another response for the completed key is refused');
+COMMIT;
+SELECT is((SELECT response_code FROM claim_key('tx-1', request_fingerprint('a'::text))), 201, 'stored: 201');
+
+-- A token of this transaction does not complete another key.
+BEGIN;
+CREATE TEMP TABLE tx_a AS SELECT * FROM claim_key('pair-a');
+CREATE TEMP TABLE tx_b AS SELECT * FROM claim_key('pair-b');
+SELECT throws_ok($$SELECT complete_key('pair-b', (SELECT token FROM tx_a), '{}')$$, '55000', NULL,
+                 'the token of pair-a does not complete pair-b');
+SELECT throws_ok($$SELECT complete_key('pair-zzz', (SELECT token FROM tx_a), '{}')$$, 'P0002', NULL,
+                 'nor a key that does not exist');
+SELECT is((SELECT status::text FROM idempotency_keys WHERE key = 'pair-b'), 'processing', 'pair-b is untouched');
+SELECT throws_ok($$SELECT complete_key('pair-a', (SELECT token FROM tx_a), '{}', NULL, 'other-scope')$$, 'P0002', NULL,
+                 'nor the same key in another scope');
+ROLLBACK;
+
+-- A claim rolled back to a savepoint leaves nothing to complete.
+BEGIN;
+SAVEPOINT s;
+SELECT token AS sp_token FROM claim_key('savepoint-3') \gset
+ROLLBACK TO SAVEPOINT s;
+SELECT throws_ok($$SELECT complete_key('savepoint-3', '$$ || :'sp_token' || $$', '{}')$$, 'P0002', NULL,
+                 'completing a claim rolled back to a savepoint: the key does not exist');
+SELECT is((SELECT status::text FROM claim_key('savepoint-3')), 'claimed', 'and it can be claimed again');
+COMMIT;
+
+-- More claims in one transaction than the completions kept in place (64): all complete.
+BEGIN;
+CREATE TEMP TABLE many_claims AS SELECT n, (claim_key('many-' || n)).token FROM generate_series(1, 150) n;
+SELECT lives_ok($$SELECT complete_key('many-' || n, token, '{}') FROM many_claims$$,
+                '150 claims, then their completions, in one transaction');
+COMMIT;
+SELECT is((SELECT count(*)::int FROM idempotency_keys WHERE key LIKE 'many-%' AND status = 'completed'), 150,
+          'all 150 completed');
+
+-- Completions that do not fit on their page (the claims filled it first): new versions
+-- elsewhere, with new index entries.
+SELECT pg_current_wal_insert_lsn() AS wal_start \gset
+BEGIN;
+CREATE TEMP TABLE big_claims AS SELECT n, (claim_key('big-' || n)).token FROM generate_series(1, 60) n;
+SELECT lives_ok($$SELECT complete_key('big-' || n, token,
+                      jsonb_build_object('blob', (SELECT string_agg(md5(n::text || i::text), '') FROM generate_series(1, 40) i)))
+                    FROM big_claims$$, '60 claims completed with large responses');
+COMMIT;
+SELECT cmp_ok(heap_records_since(:'wal_start', 'UPDATE'), '>', 0, 'large responses: some completions are not HOT');
+SELECT ok(indexes_whole(), 'after non-HOT direct completions every index holds every row');
+SELECT is((SELECT count(*)::int FROM idempotency_keys WHERE key LIKE 'big-%' AND status = 'completed'
+            AND length(response->>'blob') = 1280), 60, 'all 60 large responses stored');
+SET enable_seqscan = off;
+SET enable_bitmapscan = off;
+SELECT is((SELECT count(*)::int FROM idempotency_keys WHERE scope = '' AND key = 'big-17'), 1,
+          'a moved row is found through the primary key');
+SELECT is((SELECT count(*)::int FROM idempotency_keys
+            WHERE expires_at = (SELECT expires_at FROM idempotency_keys WHERE key = 'big-17') AND key = 'big-17'), 1,
+          'and through the expires_at index');
+RESET enable_seqscan;
+RESET enable_bitmapscan;
+
+-------------------------------------------------------------------------------
+-- 3. Read-only transactions refuse the direct writes as they refuse the executor's.
+-------------------------------------------------------------------------------
+BEGIN READ ONLY;
+SELECT throws_ok($$SELECT claim_key('read-only-1')$$, '25006', NULL, 'a claim in a read-only transaction: 25006');
+ROLLBACK;
+BEGIN;
+CREATE TEMP TABLE ro_claim AS SELECT * FROM claim_key('read-only-2');
+SET TRANSACTION READ ONLY;
+SELECT throws_ok($$SELECT complete_key('read-only-2', (SELECT token FROM ro_claim), '{}')$$, '25006', NULL,
+                 'a completion after SET TRANSACTION READ ONLY: 25006');
+ROLLBACK;
+
+-------------------------------------------------------------------------------
+-- 4. Tables the direct path leaves to the executor.
+-------------------------------------------------------------------------------
+-- Triggers fire for claims and completions.
+CREATE TABLE trigger_log (op text, key text);
+CREATE FUNCTION log_change() RETURNS trigger LANGUAGE plpgsql AS
+  $$BEGIN INSERT INTO trigger_log VALUES (TG_OP, NEW.key); RETURN NEW; END$$;
+CREATE TRIGGER log_change AFTER INSERT OR UPDATE ON idempotency_keys FOR EACH ROW EXECUTE FUNCTION log_change();
+SELECT lives_ok($$SELECT complete_key('trig-' || n, (claim_key('trig-' || n)).token, '{}') FROM generate_series(1, 3) n$$,
+                'claims and completions under a logging trigger');
+SELECT is((SELECT string_agg(op, ',' ORDER BY op) FROM trigger_log), 'INSERT,INSERT,INSERT,UPDATE,UPDATE,UPDATE',
+          'row triggers fire for every claim and completion');
+DROP TRIGGER log_change ON idempotency_keys;
+
+-- CHECK constraints are checked.
+ALTER TABLE idempotency_keys ADD CONSTRAINT short_keys CHECK (length(key) < 12) NOT VALID;
+SELECT throws_ok($$SELECT claim_key('a-rather-long-key')$$, '23514', NULL, 'a CHECK constraint added by the user is enforced');
+SELECT is((SELECT status::text FROM claim_key('short')), 'claimed', 'a key that passes it is claimed');
+ALTER TABLE idempotency_keys DROP CONSTRAINT short_keys;
+
+-- A NOT NULL added by the user is enforced.
+BEGIN;
+DELETE FROM idempotency_keys;
+ALTER TABLE idempotency_keys ALTER COLUMN recovery_point SET NOT NULL;
+SELECT throws_ok($$SELECT claim_key('not-null')$$, '23502', NULL, 'a NOT NULL added by the user is enforced');
+ROLLBACK;
+
+-- A column added by the user gets its default.
+ALTER TABLE idempotency_keys ADD COLUMN tenant text DEFAULT 'acme';
+SELECT lives_ok($$SELECT claim_key('with-tenant')$$, 'a claim with an added column');
+SELECT is((SELECT tenant FROM idempotency_keys WHERE key = 'with-tenant'), 'acme', 'an added column gets its default');
+ALTER TABLE idempotency_keys DROP COLUMN tenant;
+
+-- After the column is dropped the direct path is back (a dropped column is just NULL).
+SELECT pg_current_wal_insert_lsn() AS wal_start \gset
+SELECT lives_ok($$SELECT complete_key('after-drop', (claim_key('after-drop')).token, '{"d": 1}')$$,
+                'claim + complete after the column was dropped');
+SELECT is(confirms_since(:'wal_start'), 0, 'with the added column dropped again the direct path is used');
+SELECT is((SELECT response::text FROM claim_key('after-drop')), '{"d": 1}', 'and its rows read back right');
+
+-- Expression and partial indexes are maintained by the executor.
+CREATE INDEX keys_lower ON idempotency_keys (lower(key));
+CREATE INDEX keys_completed ON idempotency_keys (key) WHERE status = 'completed';
+SELECT lives_ok($$SELECT complete_key('EXPR-' || n, (claim_key('EXPR-' || n)).token, '{}') FROM generate_series(1, 5) n$$,
+                'claims and completions with expression and partial indexes');
+SELECT ok(indexes_whole(), 'expression and partial indexes hold every row');
+SET enable_seqscan = off;
+SET enable_bitmapscan = off;
+SELECT is((SELECT count(*)::int FROM idempotency_keys WHERE lower(key) = 'expr-3'), 1, 'found through the expression index');
+RESET enable_seqscan;
+RESET enable_bitmapscan;
+DROP INDEX keys_lower;
+DROP INDEX keys_completed;
+
+-- A plain index added by the user is maintained by the direct path.
+CREATE INDEX keys_owner ON idempotency_keys (owner, created_at);
+SELECT pg_current_wal_insert_lsn() AS wal_start \gset
+SELECT lives_ok($$SELECT complete_key('plain-' || n, (claim_key('plain-' || n)).token, '{}') FROM generate_series(1, 5) n$$,
+                'claims and completions with a plain extra index');
+SELECT is(confirms_since(:'wal_start'), 0, 'with a plain extra index the direct path is used');
+SELECT ok(indexes_whole(), 'and the extra index holds every row');
+DROP INDEX keys_owner;
+
+SELECT ok(indexes_whole(), 'at the end every index holds every row');
+SELECT * FROM finish();
