@@ -23,19 +23,17 @@ enum Column {
   kColumnCount
 };
 constexpr const char* kColumnNames[kColumnCount] = {
-    "scope",       "key",          "owner",          "fingerprint", "attempts",
-    "ttl",         "created_at",   "expires_at",     "lease_token", "locked_until",
-    "recovery_point", "status",    "response_code",  "updated_at",  "response"};
+    "scope",         "key",        "owner",       "fingerprint",  "attempts",       "ttl",
+    "created_at",    "expires_at", "lease_token", "locked_until", "recovery_point", "status",
+    "response_code", "updated_at", "response"};
 // The columns idempotency--1.0.sql declares NOT NULL. A NOT NULL added to another column
 // is a constraint the direct path would not check, so such a table goes to the executor.
-constexpr bool kDeclaredNotNull[kColumnCount] = {true,  true,  true,  false, true,
-                                                 true,  true,  true,  false, false,
-                                                 false, true,  false, true,  false};
+constexpr bool kDeclaredNotNull[kColumnCount] = {
+    true, true, true, false, true, true, true, true, false, false, false, true, false, true, false};
 // The column behind each RowColumn of key_row.hpp (index 0 unused).
-constexpr Column kRowColumnSource[] = {kStatus,       kStatus,        kOwner,       kFingerprint,
-                                       kResponse,     kResponseCode,  kRecoveryPoint,
-                                       kLeaseToken,   kLockedUntil,   kAttempts,    kTtl,
-                                       kCreatedAt,    kExpiresAt};
+constexpr Column kRowColumnSource[] = {
+    kStatus,     kStatus,      kOwner,    kFingerprint, kResponse,  kResponseCode, kRecoveryPoint,
+    kLeaseToken, kLockedUntil, kAttempts, kTtl,         kCreatedAt, kExpiresAt};
 
 constexpr int kMaxIndexes = 8;
 constexpr int kMaxAttributes = 64;  // live and dropped columns of the table
@@ -43,7 +41,7 @@ constexpr int kMaxAttributes = 64;  // live and dropped columns of the table
 // What the direct path needs to know about the table, loaded once per backend and
 // forgotten by the relcache callback whenever the table or one of its indexes changes.
 struct Layout {
-  Oid table = InvalidOid;  // InvalidOid: not loaded
+  Oid table = InvalidOid;          // InvalidOid: not loaded
   MemoryContext memory = nullptr;  // holds index_info
   Oid primary_key = InvalidOid;
   AttrNumber attnum[kColumnCount] = {};
@@ -90,8 +88,8 @@ bool read_layout(Relation table, Layout& l) {
   l.primary_key = RelationGetPrimaryKeyIndex(table);
 #endif
   Oid status_type = TupleDescAttr(desc, l.attnum[kStatus] - 1)->atttypid;
-  for (auto [label, oid] : {std::pair{"processing", &l.processing_label},
-                            std::pair{"completed", &l.completed_label}})
+  for (auto [label, oid] :
+       {std::pair{"processing", &l.processing_label}, std::pair{"completed", &l.completed_label}})
     *oid = GetSysCacheOid2(ENUMTYPOIDNAME, Anum_pg_enum_oid, ObjectIdGetDatum(status_type),
                            CStringGetDatum(label));
   List* indexes = RelationGetIndexList(table);
@@ -211,8 +209,8 @@ Relation primary_key_of(const Writer& writer) {
 // Adds the index entries of the heap tuple at `tid` (whose columns are values / nulls),
 // as the executor would: unique indexes check uniqueness, and an update's HOT-eligible
 // change touches only the summarizing indexes.
-void insert_index_entries(Writer& writer, Datum* values, bool* nulls, ItemPointer tid,
-                          bool update, bool only_summarizing) {
+void insert_index_entries(Writer& writer, Datum* values, bool* nulls, ItemPointer tid, bool update,
+                          bool only_summarizing) {
   for (int i = 0; i < writer.index_count; ++i) {
     Relation index = writer.indexes[i];
     IndexInfo* info = layout.index_info[i];
@@ -351,13 +349,12 @@ std::optional<KeyRow> complete(Oid table, const ItemPointerData& where, text* sc
     bool nulls[kMaxAttributes];
     heap_deform_tuple(&old, desc, values, nulls);
     auto at = [](Column column) { return layout.attnum[column] - 1; };
-    bool holds =
-        !nulls[at(kLeaseToken)] &&
-        memcmp(DatumGetUUIDP(values[at(kLeaseToken)])->data, token.data, UUID_LEN) == 0 &&
-        DatumGetObjectId(values[at(kOwner)]) == owner &&
-        DatumGetObjectId(values[at(kStatus)]) == layout.processing_label &&
-        DatumGetTimestampTz(values[at(kExpiresAt)]) > now &&
-        same_text(values[at(kScope)], scope) && same_text(values[at(kKey)], key);
+    bool holds = !nulls[at(kLeaseToken)] &&
+                 memcmp(DatumGetUUIDP(values[at(kLeaseToken)])->data, token.data, UUID_LEN) == 0 &&
+                 DatumGetObjectId(values[at(kOwner)]) == owner &&
+                 DatumGetObjectId(values[at(kStatus)]) == layout.processing_label &&
+                 DatumGetTimestampTz(values[at(kExpiresAt)]) > now &&
+                 same_text(values[at(kScope)], scope) && same_text(values[at(kKey)], key);
     if (!holds) {
       ReleaseBuffer(buffer);
       return nullptr;
