@@ -180,7 +180,8 @@ void close_writer(Writer& writer) {
 }
 
 // Opens the table for `command`; false when the executor must do the write (the table
-// needs its machinery, or a privilege is missing: the executor then reports it).
+// needs its machinery, or a privilege is missing: the executor then reports it). The
+// indexes are opened by open_indexes, when the write needs them.
 bool open_writer(Writer& writer, Oid table, AclMode privileges, const char* command) {
   pg_call([&] {
     PreventCommandIfReadOnly(command);
@@ -189,15 +190,16 @@ bool open_writer(Writer& writer, Oid table, AclMode privileges, const char* comm
   });
   if (layout.table != table) load_layout(writer.table);
   bool direct = pg_call([&] {
-    if (needs_executor(writer.table) ||
-        pg_class_aclmask(table, GetUserId(), privileges, ACLMASK_ALL) != privileges)
-      return false;
-    for (int i = 0; i < layout.index_count; ++i)
-      writer.indexes[writer.index_count++] = index_open(layout.index_oids[i], RowExclusiveLock);
-    return true;
+    return !needs_executor(writer.table) &&
+           pg_class_aclmask(table, GetUserId(), privileges, ACLMASK_ALL) == privileges;
   });
   if (!direct) pg_call([&] { close_writer(writer); });
   return direct;
+}
+
+void open_indexes(Writer& writer) {
+  for (int i = writer.index_count; i < layout.index_count; ++i)
+    writer.indexes[writer.index_count++] = index_open(layout.index_oids[i], RowExclusiveLock);
 }
 
 Relation primary_key_of(const Writer& writer) {
@@ -238,10 +240,12 @@ bool same_text(Datum stored, const text* given) {
          memcmp(VARDATA_ANY(value), VARDATA_ANY(given), VARSIZE_ANY_EXHDR(given)) == 0;
 }
 
-// A KeyRow from a heap tuple of the table, copied into `context`.
-KeyRow decode_tuple(HeapTuple tuple, TupleDesc desc, MemoryContext context) {
+// A KeyRow from the columns of a row of the table, copied into `context`.
+KeyRow decode_values(const Datum* values, const bool* nulls, MemoryContext context) {
   auto column = [&](int number, bool* is_null) {
-    return heap_getattr(tuple, layout.attnum[kRowColumnSource[number]], desc, is_null);
+    int index = layout.attnum[kRowColumnSource[number]] - 1;
+    *is_null = nulls[index];
+    return values[index];
   };
   bool is_null = false;
   return key_store::decode_columns(
@@ -270,15 +274,7 @@ std::optional<KeyRow> find(Oid table, text* scope, text* key, MemoryContext cont
   std::optional<KeyRow> row;
   if (found) {
     pg_call([&] { slot_getallattrs(slot); });
-    auto column = [&](int number, bool* is_null) {
-      int index = layout.attnum[kRowColumnSource[number]] - 1;
-      *is_null = slot->tts_isnull[index];
-      return slot->tts_values[index];
-    };
-    bool is_null = false;
-    row = key_store::decode_columns(
-        column, DatumGetObjectId(column(key_store::kRowStatus, &is_null)) == layout.completed_label,
-        context);
+    row = decode_values(slot->tts_values, slot->tts_isnull, context);
   }
   pg_call([&] {
     ExecDropSingleTupleTableSlot(slot);
@@ -292,6 +288,7 @@ InsertResult insert(Oid table, text* scope, text* key, const ClaimValues& claim,
   Writer writer;
   if (!open_writer(writer, table, ACL_INSERT, "INSERT")) return InsertResult::kNeedsExecutor;
   bool inserted = pg_call([&] {
+    open_indexes(writer);
     Relation primary_key = primary_key_of(writer);
     TupleTableSlot* slot = table_slot_create(writer.table, nullptr);
     SnapshotData dirty;
@@ -337,16 +334,17 @@ std::optional<KeyRow> complete(Oid table, const ItemPointerData& where, text* sc
                                TimestampTz now, TimestampTz expires_at, MemoryContext context) {
   Writer writer;
   if (!open_writer(writer, table, ACL_UPDATE | ACL_SELECT, "UPDATE")) return std::nullopt;
-  HeapTuple updated = pg_call([&]() -> HeapTuple {
+  // The new row's columns; varlenas point into the new tuple (palloc'd, so they stay).
+  Datum values[kMaxAttributes];
+  bool nulls[kMaxAttributes];
+  bool updated = pg_call([&] {
     CheckCmdReplicaIdentity(writer.table, CMD_UPDATE);
     TupleDesc desc = RelationGetDescr(writer.table);
     HeapTupleData old;
     old.t_self = where;
     Buffer buffer = InvalidBuffer;
     // SnapshotSelf: the version this transaction sees now; an updated or deleted one is not.
-    if (!heap_fetch(writer.table, SnapshotSelf, &old, &buffer, false)) return nullptr;
-    Datum values[kMaxAttributes];
-    bool nulls[kMaxAttributes];
+    if (!heap_fetch(writer.table, SnapshotSelf, &old, &buffer, false)) return false;
     heap_deform_tuple(&old, desc, values, nulls);
     auto at = [](Column column) { return layout.attnum[column] - 1; };
     bool holds = !nulls[at(kLeaseToken)] &&
@@ -357,7 +355,7 @@ std::optional<KeyRow> complete(Oid table, const ItemPointerData& where, text* sc
                  same_text(values[at(kScope)], scope) && same_text(values[at(kKey)], key);
     if (!holds) {
       ReleaseBuffer(buffer);
-      return nullptr;
+      return false;
     }
     values[at(kStatus)] = ObjectIdGetDatum(layout.completed_label);
     values[at(kResponseCode)] = Int32GetDatum(outcome.response_code.value_or(0));
@@ -379,15 +377,18 @@ std::optional<KeyRow> complete(Oid table, const ItemPointerData& where, text* sc
     bool new_entries = !HeapTupleIsHeapOnly(tuple);
     bool only_summarizing = false;
 #endif
+    heap_deform_tuple(tuple, desc, values, nulls);
     if (new_entries) {
-      heap_deform_tuple(tuple, desc, values, nulls);
+      // A HOT update needs no index entry; this transaction's insert of the row already
+      // holds the indexes' locks.
+      open_indexes(writer);
       insert_index_entries(writer, values, nulls, &tuple->t_self, true, only_summarizing);
     }
     CommandCounterIncrement();
-    return tuple;
+    return true;
   });
   std::optional<KeyRow> row;
-  if (updated != nullptr) row = decode_tuple(updated, RelationGetDescr(writer.table), context);
+  if (updated) row = decode_values(values, nulls, context);
   pg_call([&] { close_writer(writer); });
   return row;
 }
