@@ -166,6 +166,18 @@ bool probe(Relation table, Relation primary_key, Snapshot snapshot, text* scope,
   return found;
 }
 
+// Under REPEATABLE READ or SERIALIZABLE: the row in `slot` (found by a dirty snapshot) is
+// another transaction's, and invisible to this transaction's snapshot.
+bool serialization_conflict(Relation table, TupleTableSlot* slot) {
+  if (!IsolationUsesXactSnapshot()) return false;
+  bool should_free = false;
+  HeapTuple tuple = ExecFetchSlotHeapTuple(slot, false, &should_free);
+  TransactionId inserter = HeapTupleHeaderGetXmin(tuple->t_data);
+  if (should_free) heap_freetuple(tuple);
+  return !TransactionIdIsCurrentTransactionId(inserter) &&
+         !table_tuple_satisfies_snapshot(table, slot, GetActiveSnapshot());
+}
+
 // The table and its indexes, open for one write.
 struct Writer {
   Relation table = nullptr;
@@ -294,7 +306,16 @@ InsertResult insert(Oid table, text* scope, text* key, const ClaimValues& claim,
     SnapshotData dirty;
     InitDirtySnapshot(dirty);
     bool exists = probe(writer.table, primary_key, &dirty, scope, key, slot);
+    bool conflict = exists && serialization_conflict(writer.table, slot);
     ExecDropSingleTupleTableSlot(slot);
+    // As INSERT .. ON CONFLICT does: a transaction-snapshot transaction cannot decide from a
+    // row committed after its snapshot.
+    if (conflict)
+      ereport(ERROR, (errcode(ERRCODE_T_R_SERIALIZATION_FAILURE),
+                      errmsg("could not serialize access due to concurrent update"),
+                      errdetail("Idempotency key \"%s\" was claimed by a transaction that "
+                                "committed after this transaction's snapshot.",
+                                text_to_cstring(key))));
     if (exists) return false;
 
     Datum values[kMaxAttributes];
