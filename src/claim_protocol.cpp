@@ -112,18 +112,18 @@ Interval positive_interval_argument(FunctionCallInfo fcinfo, int n, const char* 
 // claim inserted when it was inserted directly. Cleared at transaction end.
 struct OwnClaim {
   pg_uuid_t token;
-  TimestampTz expires_at;  // claim time + ttl
-  ItemPointerData where;   // the inserted row, or invalid
+  TimestampTz expires_at;           // claim time + ttl
+  key_store::RowAddress where;      // the inserted row, or kNowhere
+  SubTransactionId subtransaction;  // where the claim was made
 };
 constexpr size_t kOwnClaimsKept = 64;
-// An invalid TID: a row not written directly.
-constexpr ItemPointerData kNowhere = {{0, 0}, InvalidOffsetNumber};
 std::array<OwnClaim, kOwnClaimsKept> own_claims;
 size_t own_claim_count = 0;
 
 void remember_own_claim(const pg_uuid_t& token, TimestampTz expires_at,
-                        const ItemPointerData& where) {
-  if (own_claim_count < kOwnClaimsKept) own_claims[own_claim_count++] = {token, expires_at, where};
+                        const key_store::RowAddress& where) {
+  if (own_claim_count < kOwnClaimsKept)
+    own_claims[own_claim_count++] = {token, expires_at, where, GetCurrentSubTransactionId()};
 }
 
 const OwnClaim* own_claim(const pg_uuid_t& token) {
@@ -134,6 +134,17 @@ const OwnClaim* own_claim(const pg_uuid_t& token) {
 
 void forget_own_claims(XactEvent, void*) {
   own_claim_count = 0;
+}
+
+// A subtransaction rolled back takes its claims with it (and their rows' space may be
+// reused or truncated away). Every claim made since it began has an id at least its own.
+void forget_rolled_back_claims(SubXactEvent event, SubTransactionId rolled_back, SubTransactionId,
+                               void*) {
+  if (event != SUBXACT_EVENT_ABORT_SUB) return;
+  size_t kept = 0;
+  for (size_t i = 0; i < own_claim_count; ++i)
+    if (own_claims[i].subtransaction < rolled_back) own_claims[kept++] = own_claims[i];
+  own_claim_count = kept;
 }
 
 // ---------------------------------------------------------------------------------------
@@ -319,8 +330,9 @@ key_store::ClaimValues claim_values(const ClaimRequest& request, TimestampTz now
 }
 
 ClaimResult claimed_answer(Status status, const key_store::ClaimValues& values,
-                           TimestampTz ttl_expiry, const ItemPointerData& where, int32 attempts,
-                           text* recovery_point, TimestampTz created_at, bytea* fingerprint) {
+                           TimestampTz ttl_expiry, const key_store::RowAddress& where,
+                           int32 attempts, text* recovery_point, TimestampTz created_at,
+                           bytea* fingerprint) {
   remember_own_claim(values.token, ttl_expiry, where);
   stats::count(status == Status::kClaimed ? stats::kClaimed : stats::kReclaimed);
   ClaimResult result(status);
@@ -372,7 +384,7 @@ ClaimResult claim(Session& store, const ClaimRequest& request) {
     TimestampTz ttl_expiry = 0;
     if (verdict == Verdict::kAbsent) {
       key_store::ClaimValues values = claim_values(request, now, &ttl_expiry);
-      ItemPointerData where;
+      key_store::RowAddress where{};
       if (store.insert(name.scope, name.key, values, &where))
         return claimed_answer(Status::kClaimed, values, ttl_expiry, where, 1, nullptr, now,
                               request.fingerprint);
@@ -382,14 +394,15 @@ ClaimResult claim(Session& store, const ClaimRequest& request) {
       if (current == Verdict::kExpired) {
         key_store::ClaimValues values = claim_values(request, now, &ttl_expiry);
         store.restart(name.scope, name.key, values);
-        return claimed_answer(Status::kClaimed, values, ttl_expiry, kNowhere, 1, nullptr, now,
-                              request.fingerprint);
+        return claimed_answer(Status::kClaimed, values, ttl_expiry, key_store::kNowhere, 1, nullptr,
+                              now, request.fingerprint);
       }
       if (current == Verdict::kReclaimable) {
         key_store::ClaimValues values = claim_values(request, now, &ttl_expiry);
         KeyRow renewed = store.reclaim(name.scope, name.key, values);
-        return claimed_answer(Status::kReclaimed, values, ttl_expiry, kNowhere, renewed.attempts,
-                              renewed.recovery_point, renewed.created_at, renewed.fingerprint);
+        return claimed_answer(Status::kReclaimed, values, ttl_expiry, key_store::kNowhere,
+                              renewed.attempts, renewed.recovery_point, renewed.created_at,
+                              renewed.fingerprint);
       }
       // The row changed since we read it: decide again.
     }
@@ -489,7 +502,7 @@ Datum sql_complete_key(FunctionCallInfo fcinfo) {
   // kept (same transaction, so the same moment to any other transaction).
   const OwnClaim* own = own_claim(token);
   std::optional<TimestampTz> expires_at;
-  ItemPointerData where = kNowhere;
+  key_store::RowAddress where = key_store::kNowhere;
   if (own != nullptr) {
     expires_at = own->expires_at;
     where = own->where;
@@ -555,6 +568,7 @@ Datum sql_checkpoint_key(FunctionCallInfo fcinfo) {
 
 void on_load() {
   RegisterXactCallback(forget_own_claims, nullptr);
+  RegisterSubXactCallback(forget_rolled_back_claims, nullptr);
 }
 
 }  // namespace idem::claim_protocol

@@ -35,6 +35,16 @@ constexpr Column kRowColumnSource[] = {
     kStatus,     kStatus,      kOwner,    kFingerprint, kResponse,  kResponseCode, kRecoveryPoint,
     kLeaseToken, kLockedUntil, kAttempts, kTtl,         kCreatedAt, kExpiresAt};
 
+// The type of each column; status is the extension's enum, checked by its kind.
+constexpr Oid kColumnTypes[kColumnCount] = {TEXTOID, TEXTOID,        REGROLEOID,     BYTEAOID,
+                                            INT4OID, INTERVALOID,    TIMESTAMPTZOID, TIMESTAMPTZOID,
+                                            UUIDOID, TIMESTAMPTZOID, TEXTOID,        InvalidOid,
+                                            INT4OID, TIMESTAMPTZOID, JSONBOID};
+constexpr const char* kColumnTypeNames[kColumnCount] = {
+    "text",     "text",        "regrole",     "bytea",       "integer",
+    "interval", "timestamptz", "timestamptz", "uuid",        "timestamptz",
+    "text",     "key_status",  "integer",     "timestamptz", "jsonb"};
+
 constexpr int kMaxIndexes = 8;
 constexpr int kMaxAttributes = 64;  // live and dropped columns of the table
 
@@ -56,14 +66,35 @@ struct Layout {
 };
 Layout layout;
 
+// Counts relcache invalidations: one that arrives while a layout is being read (the first
+// lock on an index processes pending messages) makes the reading start over, so a layout
+// never misses an index created meanwhile.
+uint64 invalidations = 0;
+
 void forget_layout(Datum, Oid relation) {
+  ++invalidations;
   if (relation == InvalidOid || relation == layout.table) layout.table = InvalidOid;
   for (int i = 0; i < layout.index_count; ++i)
     if (layout.index_oids[i] == relation) layout.table = InvalidOid;
 }
 
-// Fills `l` from the open table; false when one of our columns is missing.
-bool read_layout(Relation table, Layout& l) {
+// What makes the table unusable by this version (the executor path would misread it too).
+enum class LayoutProblem { kNone, kMissingColumn, kColumnType, kPrimaryKey };
+struct LayoutCheck {
+  LayoutProblem problem = LayoutProblem::kNone;
+  int column = 0;
+};
+
+bool is_our_primary_key(Relation index, const Layout& l) {
+  const Form_pg_index form = index->rd_index;
+  return form->indisprimary && form->indnkeyatts == 2 &&
+         form->indkey.values[0] == l.attnum[kScope] && form->indkey.values[1] == l.attnum[kKey] &&
+         index->rd_indcollation[0] == C_COLLATION_OID &&
+         index->rd_indcollation[1] == C_COLLATION_OID;
+}
+
+// Fills `l` from the open table.
+LayoutCheck read_layout(Relation table, Layout& l) {
   TupleDesc desc = RelationGetDescr(table);
   l.direct_writes = table->rd_rel->relkind == RELKIND_RELATION &&
                     table->rd_rel->relam == HEAP_TABLE_AM_OID && desc->natts <= kMaxAttributes;
@@ -78,68 +109,88 @@ bool read_layout(Relation table, Layout& l) {
       continue;
     }
     l.attnum[column] = attribute->attnum;
+    bool right_type = column == kStatus ? get_typtype(attribute->atttypid) == TYPTYPE_ENUM
+                                        : attribute->atttypid == kColumnTypes[column];
+    if (!right_type) return {LayoutProblem::kColumnType, column};
+    // A typmod (say timestamptz(0)) is a coercion only the executor applies.
+    if (attribute->atttypmod != -1) l.direct_writes = false;
     if (attribute->attnotnull && !kDeclaredNotNull[column]) l.direct_writes = false;
   }
-  for (AttrNumber attnum : l.attnum)
-    if (attnum == InvalidAttrNumber) return false;
-#if PG_VERSION_NUM >= 180000
-  l.primary_key = RelationGetPrimaryKeyIndex(table, false);
-#else
-  l.primary_key = RelationGetPrimaryKeyIndex(table);
-#endif
+  for (int column = 0; column < kColumnCount; ++column)
+    if (l.attnum[column] == InvalidAttrNumber) return {LayoutProblem::kMissingColumn, column};
   Oid status_type = TupleDescAttr(desc, l.attnum[kStatus] - 1)->atttypid;
   for (auto [label, oid] :
-       {std::pair{"processing", &l.processing_label}, std::pair{"completed", &l.completed_label}})
+       {std::pair{"processing", &l.processing_label}, std::pair{"completed", &l.completed_label}}) {
     *oid = GetSysCacheOid2(ENUMTYPOIDNAME, Anum_pg_enum_oid, ObjectIdGetDatum(status_type),
                            CStringGetDatum(label));
+    if (!OidIsValid(*oid)) return {LayoutProblem::kColumnType, kStatus};
+  }
   List* indexes = RelationGetIndexList(table);
   if (list_length(indexes) > kMaxIndexes) l.direct_writes = false;
   ListCell* cell = nullptr;
   foreach (cell, indexes) {
-    if (l.index_count == kMaxIndexes) break;
     Relation index = index_open(lfirst_oid(cell), AccessShareLock);
-    MemoryContext old = MemoryContextSwitchTo(l.memory);
-    IndexInfo* info = BuildIndexInfo(index);
-    MemoryContextSwitchTo(old);
-    if (info->ii_Expressions != NIL || info->ii_Predicate != NIL ||
-        info->ii_ExclusionOps != nullptr ||
-        (index->rd_index->indisunique && !index->rd_index->indimmediate))
-      l.direct_writes = false;
-    l.index_oids[l.index_count] = RelationGetRelid(index);
-    l.index_info[l.index_count++] = info;
+    if (is_our_primary_key(index, l)) l.primary_key = RelationGetRelid(index);
+    if (l.index_count < kMaxIndexes) {
+      MemoryContext old = MemoryContextSwitchTo(l.memory);
+      IndexInfo* info = BuildIndexInfo(index);
+      MemoryContextSwitchTo(old);
+      // Only plain B-Tree indexes: other access methods keep per-index state across
+      // inserts (ii_AmCache) that the executor cleans up and we would not.
+      if (index->rd_rel->relam != BTREE_AM_OID || info->ii_Expressions != NIL ||
+          info->ii_Predicate != NIL || info->ii_ExclusionOps != nullptr ||
+          (index->rd_index->indisunique && !index->rd_index->indimmediate))
+        l.direct_writes = false;
+      l.index_oids[l.index_count] = RelationGetRelid(index);
+      l.index_info[l.index_count++] = info;
+    }
     index_close(index, NoLock);
   }
   list_free(indexes);
-  return true;
+  if (!OidIsValid(l.primary_key)) return {LayoutProblem::kPrimaryKey, 0};
+  return {};
 }
 
 void load_layout(Relation table) {
-  bool complete = pg_call([&] {
-    layout.table = InvalidOid;
-    if (layout.memory == nullptr)
-      layout.memory =
-          AllocSetContextCreate(TopMemoryContext, "idempotency table layout", ALLOCSET_SMALL_SIZES);
-    else
-      MemoryContextReset(layout.memory);
-    Layout loaded;
-    loaded.memory = layout.memory;
-    bool found = read_layout(table, loaded);
-    layout = loaded;
-    return found;
-  });
-  if (!complete)
-    throw Error(ERRCODE_UNDEFINED_COLUMN, "idempotency_keys lacks a column of this version");
-  if (!OidIsValid(layout.primary_key) || !OidIsValid(layout.completed_label) ||
-      !OidIsValid(layout.processing_label))
-    throw Error(ERRCODE_UNDEFINED_OBJECT, "idempotency_keys lacks its primary key or status type");
+  LayoutCheck check;
+  for (uint64 seen = invalidations - 1; seen != invalidations;) {
+    seen = invalidations;
+    check = pg_call([&] {
+      layout.table = InvalidOid;
+      if (layout.memory == nullptr)
+        layout.memory = AllocSetContextCreate(TopMemoryContext, "idempotency table layout",
+                                              ALLOCSET_SMALL_SIZES);
+      else
+        MemoryContextReset(layout.memory);
+      Layout loaded;
+      loaded.memory = layout.memory;
+      LayoutCheck result = read_layout(table, loaded);
+      layout = loaded;
+      return result;
+    });
+  }
+  const std::string column = kColumnNames[check.column];
+  switch (check.problem) {
+    case LayoutProblem::kMissingColumn:
+      throw Error(ERRCODE_UNDEFINED_COLUMN, "idempotency_keys lacks column \"" + column + "\"");
+    case LayoutProblem::kColumnType:
+      throw Error(ERRCODE_DATATYPE_MISMATCH, "column \"" + column +
+                                                 "\" of idempotency_keys is not of type " +
+                                                 kColumnTypeNames[check.column]);
+    case LayoutProblem::kPrimaryKey:
+      throw Error(ERRCODE_UNDEFINED_OBJECT,
+                  "idempotency_keys lacks its primary key (scope, key) with collation \"C\"");
+    case LayoutProblem::kNone:
+      break;
+  }
   layout.table = RelationGetRelid(table);
 }
 
 // Per call (the relcache entry is current once the table is locked): what a write through
 // the executor would do beyond inserting tuples and index entries.
 bool needs_executor(Relation table) {
-  if (!layout.direct_writes || table->trigdesc != nullptr || table->rd_rel->relrowsecurity ||
-      table->rd_rel->relispartition)
+  if (!layout.direct_writes || table->trigdesc != nullptr || table->rd_rules != nullptr ||
+      table->rd_rel->relrowsecurity || table->rd_rel->relispartition)
     return true;
   const TupleConstr* constraints = table->rd_att->constr;
   if (constraints == nullptr) return false;
@@ -221,29 +272,38 @@ Relation primary_key_of(const Writer& writer) {
 }
 
 // Adds the index entries of the heap tuple at `tid` (whose columns are values / nulls),
-// as the executor would: unique indexes check uniqueness, and an update's HOT-eligible
-// change touches only the summarizing indexes.
-void insert_index_entries(Writer& writer, Datum* values, bool* nulls, ItemPointer tid, bool update,
-                          bool only_summarizing) {
+// as the executor would: unique indexes check uniqueness. For an update, `changed` has bit
+// attnum - 1 set for each column that changed: an index over none of them gets the
+// "unchanged" hint that lets B-Tree delete the older versions' entries bottom-up.
+void insert_index_entries(Writer& writer, Datum* values, bool* nulls, ItemPointer tid,
+                          std::optional<uint64> changed) {
   for (int i = 0; i < writer.index_count; ++i) {
     Relation index = writer.indexes[i];
     IndexInfo* info = layout.index_info[i];
     if (!index->rd_index->indisready) continue;  // being built concurrently
-#if PG_VERSION_NUM >= 160000
-    if (only_summarizing && !info->ii_Summarizing) continue;
-#else
-    (void)only_summarizing;
-#endif
     Datum key_values[INDEX_MAX_KEYS];
     bool key_nulls[INDEX_MAX_KEYS];
+    uint64 columns = 0;
     for (int k = 0; k < info->ii_NumIndexAttrs; ++k) {
       AttrNumber attnum = info->ii_IndexAttrNumbers[k];
       key_values[k] = values[attnum - 1];
       key_nulls[k] = nulls[attnum - 1];
+      columns |= uint64{1} << (attnum - 1);
     }
+    bool unchanged = changed && (columns & *changed) == 0;
     index_insert(index, key_values, key_nulls, tid, writer.table,
-                 index->rd_index->indisunique ? UNIQUE_CHECK_YES : UNIQUE_CHECK_NO, update, info);
+                 index->rd_index->indisunique ? UNIQUE_CHECK_YES : UNIQUE_CHECK_NO, unchanged,
+                 info);
   }
+}
+
+// The table's current file (its relfilenode).
+Oid file_of(Relation table) {
+#if PG_VERSION_NUM >= 160000
+  return table->rd_locator.relNumber;
+#else
+  return table->rd_node.relNode;
+#endif
 }
 
 bool same_text(Datum stored, const text* given) {
@@ -296,7 +356,7 @@ std::optional<KeyRow> find(Oid table, text* scope, text* key, MemoryContext cont
 }
 
 InsertResult insert(Oid table, text* scope, text* key, const ClaimValues& claim,
-                    ItemPointerData* where) {
+                    key_store::RowAddress* where) {
   Writer writer;
   if (!open_writer(writer, table, ACL_INSERT, "INSERT")) return InsertResult::kNeedsExecutor;
   bool inserted = pg_call([&] {
@@ -339,8 +399,8 @@ InsertResult insert(Oid table, text* scope, text* key, const ClaimValues& claim,
     set(kUpdatedAt, TimestampTzGetDatum(claim.now));
     HeapTuple tuple = heap_form_tuple(RelationGetDescr(writer.table), values, nulls);
     heap_insert(writer.table, tuple, GetCurrentCommandId(true), 0, nullptr);
-    insert_index_entries(writer, values, nulls, &tuple->t_self, false, false);
-    *where = tuple->t_self;
+    insert_index_entries(writer, values, nulls, &tuple->t_self, std::nullopt);
+    *where = {tuple->t_self, file_of(writer.table)};
     heap_freetuple(tuple);
     // Later statements of this call (a completion in the same SQL statement) see the row.
     CommandCounterIncrement();
@@ -350,8 +410,8 @@ InsertResult insert(Oid table, text* scope, text* key, const ClaimValues& claim,
   return inserted ? InsertResult::kInserted : InsertResult::kExists;
 }
 
-std::optional<KeyRow> complete(Oid table, const ItemPointerData& where, text* scope, text* key,
-                               const pg_uuid_t& token, Oid owner, const Outcome& outcome,
+std::optional<KeyRow> complete(Oid table, const key_store::RowAddress& where, text* scope,
+                               text* key, const pg_uuid_t& token, Oid owner, const Outcome& outcome,
                                TimestampTz now, TimestampTz expires_at, MemoryContext context) {
   Writer writer;
   if (!open_writer(writer, table, ACL_UPDATE | ACL_SELECT, "UPDATE")) return std::nullopt;
@@ -361,8 +421,9 @@ std::optional<KeyRow> complete(Oid table, const ItemPointerData& where, text* sc
   bool updated = pg_call([&] {
     CheckCmdReplicaIdentity(writer.table, CMD_UPDATE);
     TupleDesc desc = RelationGetDescr(writer.table);
+    if (where.file != file_of(writer.table)) return false;  // truncated or rewritten since
     HeapTupleData old;
-    old.t_self = where;
+    old.t_self = where.tid;
     Buffer buffer = InvalidBuffer;
     // SnapshotSelf: the version this transaction sees now; an updated or deleted one is not.
     if (!heap_fetch(writer.table, SnapshotSelf, &old, &buffer, false)) return false;
@@ -378,6 +439,11 @@ std::optional<KeyRow> complete(Oid table, const ItemPointerData& where, text* sc
       ReleaseBuffer(buffer);
       return false;
     }
+    uint64 changed = 0;
+    for (Column column : {kStatus, kResponseCode, kUpdatedAt, kResponse})
+      changed |= uint64{1} << at(column);
+    if (DatumGetTimestampTz(values[at(kExpiresAt)]) != expires_at)
+      changed |= uint64{1} << at(kExpiresAt);
     values[at(kStatus)] = ObjectIdGetDatum(layout.completed_label);
     values[at(kResponseCode)] = Int32GetDatum(outcome.response_code.value_or(0));
     nulls[at(kResponseCode)] = !outcome.response_code;
@@ -388,22 +454,21 @@ std::optional<KeyRow> complete(Oid table, const ItemPointerData& where, text* sc
     // The pin kept the old tuple's bytes in place until they are copied here.
     HeapTuple tuple = heap_form_tuple(desc, values, nulls);
     ReleaseBuffer(buffer);
+    // The direct path has only B-Tree indexes, none summarizing: all or none get entries.
 #if PG_VERSION_NUM >= 160000
     TU_UpdateIndexes update_indexes = TU_All;
     simple_heap_update(writer.table, &old.t_self, tuple, &update_indexes);
     bool new_entries = update_indexes != TU_None;
-    bool only_summarizing = update_indexes == TU_Summarizing;
 #else
     simple_heap_update(writer.table, &old.t_self, tuple);
     bool new_entries = !HeapTupleIsHeapOnly(tuple);
-    bool only_summarizing = false;
 #endif
     heap_deform_tuple(tuple, desc, values, nulls);
     if (new_entries) {
       // A HOT update needs no index entry; this transaction's insert of the row already
       // holds the indexes' locks.
       open_indexes(writer);
-      insert_index_entries(writer, values, nulls, &tuple->t_self, true, only_summarizing);
+      insert_index_entries(writer, values, nulls, &tuple->t_self, changed);
     }
     CommandCounterIncrement();
     return true;

@@ -36,15 +36,15 @@ enum class InsertResult { kInserted, kExists, kNeedsExecutor };
 
 // Inserts a fresh claim of (scope, key) unless any version of the key exists that a dirty
 // snapshot sees (committed, or written by a transaction still open). The caller holds the
-// key lock. `where` receives the new row's TID.
+// key lock. `where` receives the new row's address.
 InsertResult insert(Oid table, text* scope, text* key, const ClaimValues& claim,
-                    ItemPointerData* where);
+                    key_store::RowAddress* where);
 
 // Completes the claim `token` of (scope, key) that this transaction inserted at `where`.
 // nullopt means "not done here": the table needs the executor, or the row at `where` is no
 // longer that claim's live row; the executor path then decides (and explains a refusal).
-std::optional<KeyRow> complete(Oid table, const ItemPointerData& where, text* scope, text* key,
-                               const pg_uuid_t& token, Oid owner, const Outcome& outcome,
+std::optional<KeyRow> complete(Oid table, const key_store::RowAddress& where, text* scope,
+                               text* key, const pg_uuid_t& token, Oid owner, const Outcome& outcome,
                                TimestampTz now, TimestampTz expires_at, MemoryContext context);
 
 // Registers the relcache callback that forgets a cached table layout when it changes.

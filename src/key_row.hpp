@@ -41,6 +41,16 @@ struct Outcome {
   std::optional<int32> response_code;
 };
 
+// Where a row written directly lives: its TID in one file of the table. A TRUNCATE or
+// CLUSTER in the same transaction gives the table a new file, where the TID means nothing.
+struct RowAddress {
+  ItemPointerData tid;
+  Oid file;
+  bool valid() const { return ItemPointerIsValid(&tid); }
+};
+// The address of a row not written directly.
+constexpr RowAddress kNowhere = {{{0, 0}, InvalidOffsetNumber}, InvalidOid};
+
 // The columns a KeyRow is read from, in the order decode_columns numbers them (1-based).
 enum RowColumn {
   kRowStatus = 1,

@@ -247,8 +247,8 @@ uint64 Session::execute_claim(int plan, text* scope, text* key, const ClaimValue
   return execute(plan, values, nulls, false, 0);
 }
 
-bool Session::insert(text* scope, text* key, const ClaimValues& claim, ItemPointerData* where) {
-  ItemPointerSetInvalid(where);
+bool Session::insert(text* scope, text* key, const ClaimValues& claim, RowAddress* where) {
+  *where = kNowhere;
   if (key_heap::available()) {
     switch (key_heap::insert(table_, scope, key, claim, where)) {
       case key_heap::InsertResult::kInserted:
@@ -275,8 +275,8 @@ KeyRow Session::reclaim(text* scope, text* key, const ClaimValues& claim) {
 
 std::optional<KeyRow> Session::complete(text* scope, text* key, const pg_uuid_t& token, Oid owner,
                                         const Outcome& outcome, TimestampTz now,
-                                        TimestampTz expires_at, const ItemPointerData& where) {
-  if (ItemPointerIsValid(&where) && key_heap::available()) {
+                                        TimestampTz expires_at, const RowAddress& where) {
+  if (where.valid() && key_heap::available()) {
     if (std::optional<KeyRow> row = key_heap::complete(table_, where, scope, key, token, owner,
                                                        outcome, now, expires_at, caller_context_))
       return row;

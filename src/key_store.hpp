@@ -33,18 +33,19 @@ class Session {
   std::optional<KeyRow> find(text* scope, text* key, bool fresh_snapshot = true);
   // Locks the newest version of the row, skipping it if another transaction has it locked.
   std::optional<KeyRow> lock(text* scope, text* key);
-  // Inserts a fresh claim; false when the key exists. `where` receives the new row's TID
-  // when it was written directly, else an invalid TID.
-  bool insert(text* scope, text* key, const ClaimValues& claim, ItemPointerData* where);
+  // Inserts a fresh claim; false when the key exists. `where` receives the new row's
+  // address when it was written directly, else kNowhere.
+  bool insert(text* scope, text* key, const ClaimValues& claim, RowAddress* where);
   // Replaces an expired row by a fresh claim (attempts 1, no recovery point).
   void restart(text* scope, text* key, const ClaimValues& claim);
   // Takes over a processing row whose lease ended or was released; returns the new row.
   KeyRow reclaim(text* scope, text* key, const ClaimValues& claim);
   // Fenced completion; nullopt when `token` does not hold a live processing row of `owner`.
-  // `where` is the TID insert() reported if this transaction made the claim, else invalid.
+  // `where` is the address insert() reported if this transaction made the claim, else
+  // kNowhere.
   std::optional<KeyRow> complete(text* scope, text* key, const pg_uuid_t& token, Oid owner,
                                  const Outcome& outcome, TimestampTz now, TimestampTz expires_at,
-                                 const ItemPointerData& where);
+                                 const RowAddress& where);
   // Fenced release; false when `token` does not hold the key.
   bool release(text* scope, text* key, const pg_uuid_t& token, Oid owner, TimestampTz now);
   // Fenced checkpoint; false when `token` does not hold the key.

@@ -10,7 +10,7 @@ SET synchronous_commit = on;
 CREATE EXTENSION amcheck;
 CREATE EXTENSION pg_walinspect;
 
-SELECT plan(50);
+SELECT plan(58);
 
 -- Every B-Tree of idempotency_keys holds exactly the heap's live rows (amcheck verifies
 -- each heap tuple against the index, so a missing entry fails it).
@@ -216,6 +216,43 @@ RESET enable_seqscan;
 RESET enable_bitmapscan;
 DROP INDEX keys_lower;
 DROP INDEX keys_completed;
+
+-- Rules are applied by the rewriter, so a table with one goes to the executor, whose
+-- INSERT .. ON CONFLICT refuses rules: the claim fails loudly rather than skip the rule.
+CREATE TABLE rule_log (key text);
+CREATE RULE log_insert AS ON INSERT TO idempotency_keys DO ALSO INSERT INTO rule_log VALUES (NEW.key);
+SELECT throws_ok($$SELECT claim_key('ruled-1')$$, '0A000', NULL, 'a claim under an ON INSERT rule is refused (0A000)');
+SELECT is((SELECT count(*)::int FROM idempotency_keys WHERE key = 'ruled-1'), 0, 'and writes nothing');
+DROP RULE log_insert ON idempotency_keys;
+
+-- Indexes of other access methods are maintained by the executor.
+CREATE INDEX keys_hash ON idempotency_keys USING hash (key);
+SELECT pg_current_wal_insert_lsn() AS wal_start \gset
+SELECT lives_ok($$SELECT complete_key('hashed-' || n, (claim_key('hashed-' || n)).token, '{}') FROM generate_series(1, 5) n$$,
+                'claims and completions with a hash index');
+SELECT is(confirms_since(:'wal_start'), 5, 'with a hash index the executor writes');
+SET enable_seqscan = off;
+SET enable_bitmapscan = off;
+SELECT is((SELECT count(*)::int FROM idempotency_keys WHERE key = 'hashed-4'), 1, 'found through the hash index');
+RESET enable_seqscan;
+RESET enable_bitmapscan;
+DROP INDEX keys_hash;
+
+-- A column of another type is refused, by the first look as by the writes.
+BEGIN;
+ALTER TABLE idempotency_keys ALTER COLUMN owner TYPE text;
+SELECT throws_ok($$SELECT claim_key('retyped')$$, '42804', 'column "owner" of idempotency_keys is not of type regrole',
+                 'a column of another type: 42804, not a wrong row');
+ROLLBACK;
+SELECT is((SELECT status::text FROM claim_key('retyped')), 'claimed', 'with the type back the claim works');
+
+-- TRUNCATE in the claim's transaction: the remembered row is gone, and complete_key says so.
+BEGIN;
+CREATE TEMP TABLE tr_claim AS SELECT * FROM claim_key('truncated');
+TRUNCATE idempotency_keys;
+SELECT throws_ok($$SELECT complete_key('truncated', (SELECT token FROM tr_claim), '{}')$$, 'P0002', NULL,
+                 'complete after TRUNCATE in the same transaction: P0002');
+ROLLBACK;
 
 -- A plain index added by the user is maintained by the direct path.
 CREATE INDEX keys_owner ON idempotency_keys (owner, created_at);
