@@ -13,6 +13,7 @@ PROFILE_SYMBOLS=(
   ExecMakeTableFunctionResult fmgr_security_definer SPI_execute_plan _SPI_execute_plan
   GetCachedPlan standard_ExecutorStart standard_ExecutorRun standard_ExecutorEnd
   ExecInitModifyTable ExecInitIndexScan ExecInsert ExecUpdate heap_insert heap_update
+  simple_heap_update heap_fetch index_insert
   _bt_doinsert _bt_first index_getnext_slot ExecCheckIndexConstraints LockAcquireExtended
   LockRelease heap_form_tuple BlessTupleDesc GetSnapshotData CommandCounterIncrement
   CommitTransactionCommand StartTransactionCommand XLogInsertRecord pq_getbyte
