@@ -22,28 +22,36 @@ enum Column {
   kResponse,
   kColumnCount
 };
-constexpr const char* kColumnNames[kColumnCount] = {
-    "scope",         "key",        "owner",       "fingerprint",  "attempts",       "ttl",
-    "created_at",    "expires_at", "lease_token", "locked_until", "recovery_point", "status",
-    "response_code", "updated_at", "response"};
-// The columns idempotency--1.0.sql declares NOT NULL. A NOT NULL added to another column
-// is a constraint the direct path would not check, so such a table goes to the executor.
-constexpr bool kDeclaredNotNull[kColumnCount] = {
-    true, true, true, false, true, true, true, true, false, false, false, true, false, true, false};
+// Each column as idempotency--1.0.sql creates it. A NOT NULL added to another column is a
+// constraint the direct path would not check, so such a table goes to the executor. The
+// status column is the extension's enum, checked by its kind (type InvalidOid here).
+struct ColumnSpec {
+  const char* name;
+  Oid type;
+  const char* type_name;
+  bool not_null;
+};
+constexpr ColumnSpec kColumns[kColumnCount] = {
+    {"scope", TEXTOID, "text", true},
+    {"key", TEXTOID, "text", true},
+    {"owner", REGROLEOID, "regrole", true},
+    {"fingerprint", BYTEAOID, "bytea", false},
+    {"attempts", INT4OID, "integer", true},
+    {"ttl", INTERVALOID, "interval", true},
+    {"created_at", TIMESTAMPTZOID, "timestamptz", true},
+    {"expires_at", TIMESTAMPTZOID, "timestamptz", true},
+    {"lease_token", UUIDOID, "uuid", false},
+    {"locked_until", TIMESTAMPTZOID, "timestamptz", false},
+    {"recovery_point", TEXTOID, "text", false},
+    {"status", InvalidOid, "key_status", true},
+    {"response_code", INT4OID, "integer", false},
+    {"updated_at", TIMESTAMPTZOID, "timestamptz", true},
+    {"response", JSONBOID, "jsonb", false},
+};
 // The column behind each RowColumn of key_row.hpp (index 0 unused).
 constexpr Column kRowColumnSource[] = {
     kStatus,     kStatus,      kOwner,    kFingerprint, kResponse,  kResponseCode, kRecoveryPoint,
     kLeaseToken, kLockedUntil, kAttempts, kTtl,         kCreatedAt, kExpiresAt};
-
-// The type of each column; status is the extension's enum, checked by its kind.
-constexpr Oid kColumnTypes[kColumnCount] = {TEXTOID, TEXTOID,        REGROLEOID,     BYTEAOID,
-                                            INT4OID, INTERVALOID,    TIMESTAMPTZOID, TIMESTAMPTZOID,
-                                            UUIDOID, TIMESTAMPTZOID, TEXTOID,        InvalidOid,
-                                            INT4OID, TIMESTAMPTZOID, JSONBOID};
-constexpr const char* kColumnTypeNames[kColumnCount] = {
-    "text",     "text",        "regrole",     "bytea",       "integer",
-    "interval", "timestamptz", "timestamptz", "uuid",        "timestamptz",
-    "text",     "key_status",  "integer",     "timestamptz", "jsonb"};
 
 constexpr int kMaxIndexes = 8;
 constexpr int kMaxAttributes = 64;  // live and dropped columns of the table
@@ -102,7 +110,7 @@ LayoutCheck read_layout(Relation table, Layout& l) {
     Form_pg_attribute attribute = TupleDescAttr(desc, i);
     if (attribute->attisdropped) continue;
     int column = 0;
-    while (column < kColumnCount && strcmp(NameStr(attribute->attname), kColumnNames[column]) != 0)
+    while (column < kColumnCount && strcmp(NameStr(attribute->attname), kColumns[column].name) != 0)
       ++column;
     if (column == kColumnCount) {
       l.direct_writes = false;  // a column of the user's: its default is the executor's job
@@ -110,11 +118,11 @@ LayoutCheck read_layout(Relation table, Layout& l) {
     }
     l.attnum[column] = attribute->attnum;
     bool right_type = column == kStatus ? get_typtype(attribute->atttypid) == TYPTYPE_ENUM
-                                        : attribute->atttypid == kColumnTypes[column];
+                                        : attribute->atttypid == kColumns[column].type;
     if (!right_type) return {LayoutProblem::kColumnType, column};
     // A typmod (say timestamptz(0)) is a coercion only the executor applies.
     if (attribute->atttypmod != -1) l.direct_writes = false;
-    if (attribute->attnotnull && !kDeclaredNotNull[column]) l.direct_writes = false;
+    if (attribute->attnotnull && !kColumns[column].not_null) l.direct_writes = false;
   }
   for (int column = 0; column < kColumnCount; ++column)
     if (l.attnum[column] == InvalidAttrNumber) return {LayoutProblem::kMissingColumn, column};
@@ -169,14 +177,14 @@ void load_layout(Relation table) {
       return result;
     });
   }
-  const std::string column = kColumnNames[check.column];
+  const std::string column = kColumns[check.column].name;
   switch (check.problem) {
     case LayoutProblem::kMissingColumn:
       throw Error(ERRCODE_UNDEFINED_COLUMN, "idempotency_keys lacks column \"" + column + "\"");
     case LayoutProblem::kColumnType:
       throw Error(ERRCODE_DATATYPE_MISMATCH, "column \"" + column +
                                                  "\" of idempotency_keys is not of type " +
-                                                 kColumnTypeNames[check.column]);
+                                                 kColumns[check.column].type_name);
     case LayoutProblem::kPrimaryKey:
       throw Error(ERRCODE_UNDEFINED_OBJECT,
                   "idempotency_keys lacks its primary key (scope, key) with collation \"C\"");
