@@ -340,12 +340,14 @@ bool available() {
 }
 
 std::optional<KeyRow> find(Oid table, text* scope, text* key, MemoryContext context) {
-  Relation relation = pg_call([&] { return table_open(table, AccessShareLock); });
+  // The lock an INSERT takes (claim_key may write next): the write then finds its locks
+  // already held, instead of taking a second mode of each.
+  Relation relation = pg_call([&] { return table_open(table, RowExclusiveLock); });
   if (layout.table != table) load_layout(relation);
   // On an error, transaction abort releases what is open here (relations, pins, slot).
   TupleTableSlot* slot = nullptr;
   bool found = pg_call([&] {
-    Relation primary_key = index_open(layout.primary_key, AccessShareLock);
+    Relation primary_key = index_open(layout.primary_key, RowExclusiveLock);
     slot = table_slot_create(relation, nullptr);
     bool hit = probe(relation, primary_key, GetActiveSnapshot(), scope, key, slot);
     index_close(primary_key, NoLock);
