@@ -8,6 +8,7 @@
 namespace idem::key_store {
 namespace {
 
+// The columns of a KeyRow, in the order of RowColumn (key_row.hpp).
 constexpr const char* kRowColumns =
     "status OPERATOR(pg_catalog.=) 'completed', owner, fingerprint, response, response_code, "
     "recovery_point, lease_token, locked_until, attempts, ttl, created_at, expires_at";
