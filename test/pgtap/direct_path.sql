@@ -10,7 +10,7 @@ SET synchronous_commit = on;
 CREATE EXTENSION amcheck;
 CREATE EXTENSION pg_walinspect;
 
-SELECT plan(58);
+SELECT plan(63);
 
 -- Every B-Tree of idempotency_keys holds exactly the heap's live rows (amcheck verifies
 -- each heap tuple against the index, so a missing entry fails it).
@@ -94,6 +94,22 @@ SELECT throws_ok($$SELECT complete_key('tx-1', (SELECT token FROM tx_claim), '{"
                  'another response for the completed key is refused');
 COMMIT;
 SELECT is((SELECT response_code FROM claim_key('tx-1', request_fingerprint('a'::text))), 201, 'stored: 201');
+
+-- A checkpoint or a release in between moves the row (an executor UPDATE): the completion
+-- then finds the remembered version gone and leaves the decision to the executor.
+BEGIN;
+CREATE TEMP TABLE cp_claim AS SELECT * FROM claim_key('cp-1');
+SELECT lives_ok($$SELECT checkpoint_key('cp-1', (SELECT token FROM cp_claim), 'step-1')$$,
+                'checkpoint in the claim''s transaction');
+SELECT is((SELECT status::text FROM complete_key('cp-1', (SELECT token FROM cp_claim), '{"cp": 1}')), 'replay',
+          'complete after that checkpoint succeeds');
+CREATE TEMP TABLE rel_claim AS SELECT * FROM claim_key('rel-1');
+SELECT lives_ok($$SELECT release_key('rel-1', (SELECT token FROM rel_claim))$$, 'release in the claim''s transaction');
+SELECT throws_ok($$SELECT complete_key('rel-1', (SELECT token FROM rel_claim), '{}')$$, '55000',
+                 'idempotency key "rel-1" was released', 'complete after that release is refused');
+COMMIT;
+SELECT is((SELECT recovery_point || ' ' || response::text FROM claim_key('cp-1')), 'step-1 {"cp": 1}',
+          'the checkpointed claim replays its recovery point and response');
 
 -- A token of this transaction does not complete another key.
 BEGIN;
