@@ -336,7 +336,10 @@ KeyRow decode_values(const Datum* values, const bool* nulls, MemoryContext conte
 }  // namespace
 
 bool available() {
-  return GetConfigOption("citus.version", true, false) == nullptr;
+  // Citus can only be loaded with the server (shared_preload_libraries), before any call
+  // here, so the answer holds for the backend's life: looked up once, not on every call.
+  static const bool without_citus = GetConfigOption("citus.version", true, false) == nullptr;
+  return without_citus;
 }
 
 std::optional<KeyRow> find(Oid table, text* scope, text* key, MemoryContext context) {
