@@ -40,6 +40,17 @@ wanted() {
   return 1
 }
 
+# selected SUITE EXT FILE...: the FILEs (one per line) whose names, without directory and
+# EXT, are selected for SUITE; a pattern that matched nothing is skipped.
+selected() {
+  local suite="$1" ext="$2" f
+  shift 2
+  for f in "$@"; do
+    [[ -e $f ]] && wanted "$(basename "$f" "$ext")" "$suite" && printf '%s\n' "$f"
+  done
+  return 0
+}
+
 # --- helpers ---------------------------------------------------------------------------
 
 record() { # SUITE PASSED FAILED NOTE
@@ -132,24 +143,18 @@ run_regress_like() {
 
 suite_regress() {
   local -a tests=()
-  local f name
-  for f in "$IDEM_SRC"/sql/*.sql; do
-    [[ -e $f ]] || continue
-    name="$(basename "$f" .sql)"
-    wanted "$name" regress && tests+=("$name")
-  done
+  mapfile -t tests < <(selected regress .sql "$IDEM_SRC"/sql/*.sql)
+  tests=("${tests[@]##*/}")
+  tests=("${tests[@]%.sql}")
   if ((${#tests[@]} == 0)); then record regress 0 0 "(no tests)"; return; fi
   run_regress_like regress "$IDEM_PG_REGRESS" "$IDEM_SRC" "${tests[@]}"
 }
 
 suite_isolation() {
   local -a tests=()
-  local f name
-  for f in "$IDEM_SRC"/test/isolation/specs/*.spec; do
-    [[ -e $f ]] || continue
-    name="$(basename "$f" .spec)"
-    wanted "$name" isolation && tests+=("$name")
-  done
+  mapfile -t tests < <(selected isolation .spec "$IDEM_SRC"/test/isolation/specs/*.spec)
+  tests=("${tests[@]##*/}")
+  tests=("${tests[@]%.spec}")
   if ((${#tests[@]} == 0)); then
     echo "== isolation: no specs in test/isolation/specs/"
     record isolation 0 0 "(no specs yet)"
@@ -163,9 +168,7 @@ suite_isolation() {
 suite_pgtap() {
   local -a files=()
   local f
-  for f in "$IDEM_SRC"/test/pgtap/*.sql; do
-    [[ -e $f ]] && wanted "$(basename "$f" .sql)" pgtap && files+=("$f")
-  done
+  mapfile -t files < <(selected pgtap .sql "$IDEM_SRC"/test/pgtap/*.sql)
   if ((${#files[@]} == 0)); then record pgtap 0 0 "(no files)"; return; fi
   echo "== pgtap: ${#files[@]} file(s), counting assertions"
   local dir="$IDEM_SCRATCH/pgtap"
@@ -210,9 +213,7 @@ suite_pgtap() {
 suite_tap() {
   local -a files=()
   local f
-  for f in "$IDEM_SRC"/test/t/*.pl; do
-    [[ -e $f ]] && wanted "$(basename "$f" .pl)" tap && files+=("$f")
-  done
+  mapfile -t files < <(selected tap .pl "$IDEM_SRC"/test/t/*.pl)
   if ((${#files[@]} == 0)); then record tap 0 0 "(no files)"; return; fi
   echo "== tap: ${#files[@]} file(s), counting files"
   local passed=0 failed=0 name testdir rc
@@ -247,12 +248,10 @@ suite_tap() {
 
 suite_suites() {
   local f name dir rc p fl line
-  local found=0
-  for f in "$IDEM_ROOT"/test/suites/*.sh; do
-    [[ -e $f ]] || continue
+  local -a files=()
+  mapfile -t files < <(selected suites .sh "$IDEM_ROOT"/test/suites/*.sh)
+  for f in "${files[@]}"; do
     name="$(basename "$f" .sh)"
-    wanted "$name" suites || continue
-    found=1
     echo "== suite $name"
     dir="$IDEM_SCRATCH/suites/$name"
     mkdir -p "$dir"
@@ -271,7 +270,7 @@ suite_suites() {
     fi
     idem_stop_servers_under "$dir"
   done
-  ((found)) || record suites 0 0 "(none in test/suites/)"
+  ((${#files[@]})) || record suites 0 0 "(none in test/suites/)"
 }
 
 # --- main --------------------------------------------------------------------------------

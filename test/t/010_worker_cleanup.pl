@@ -34,6 +34,20 @@ sub count_keys {
     "SELECT count(*) FROM idempotency_keys WHERE key LIKE '$prefix%'");
 }
 
+# Waits until no key of $db starts with $prefix; true when that happened in time.
+sub keys_gone {
+  my ($db, $prefix) = @_;
+  return $node->poll_query_until($db,
+    "SELECT count(*) = 0 FROM idempotency_keys WHERE key LIKE '$prefix%'");
+}
+
+# Waits until $db's cleanup has run two more rounds than $runs.
+sub two_more_rounds {
+  my ($db, $runs) = @_;
+  return $node->poll_query_until($db,
+    "SELECT cleanup_runs >= $runs + 2 FROM idempotency_stats WHERE datname = '$db'");
+}
+
 sub stat_of {
   my ($db, $column) = @_;
   return $node->safe_psql($db,
@@ -66,11 +80,9 @@ for my $db ('alpha', 'beta') {
 my $start = time();
 add_keys('alpha', 'old', 5000, q{now() - interval '1 minute' + g * interval '1 ms'});
 add_keys('beta', 'old', 3000, q{now() - interval '1 second'});
-ok($node->poll_query_until('alpha',
-    q{SELECT count(*) = 0 FROM idempotency_keys WHERE key LIKE 'old%'}),
+ok(keys_gone('alpha', 'old'),
   'expired keys disappear from the first database');
-ok($node->poll_query_until('beta',
-    q{SELECT count(*) = 0 FROM idempotency_keys WHERE key LIKE 'old%'}),
+ok(keys_gone('beta', 'old'),
   'expired keys disappear from the second database');
 my $elapsed = time() - $start;
 diag(sprintf('8000 expired keys in two databases deleted after %.2f s (interval %d ms)',
@@ -99,12 +111,10 @@ ok($node->poll_query_until('alpha',
     q{SELECT expires_at <= clock_timestamp() FROM idempotency_keys WHERE key = 'locked1'}),
   'the locked key has expired');
 add_keys('alpha', 'after', 200, q{now() - interval '1 second'});
-ok($node->poll_query_until('alpha',
-    q{SELECT count(*) = 0 FROM idempotency_keys WHERE key LIKE 'after%'}),
+ok(keys_gone('alpha', 'after'),
   'keys expired after the locked one are deleted');
 my $runs = stat_of('alpha', 'cleanup_runs');
-ok($node->poll_query_until('alpha',
-    "SELECT cleanup_runs >= $runs + 2 FROM idempotency_stats WHERE datname = 'alpha'"),
+ok(two_more_rounds('alpha', $runs),
   'two more rounds ran while the row was locked');
 is(count_keys('alpha', 'locked'), '1', 'the locked expired row is skipped, not waited for');
 $holder->query_safe('COMMIT');
@@ -146,16 +156,14 @@ is($node->safe_psql('alpha', q{SELECT status FROM claim_key('busy2')}), 'claimed
 $node->safe_psql('postgres', 'CREATE DATABASE gamma');
 $node->safe_psql('gamma', 'CREATE EXTENSION idempotency');
 add_keys('gamma', 'old', 100, q{now() - interval '1 second'});
-ok($node->poll_query_until('gamma',
-    q{SELECT count(*) = 0 FROM idempotency_keys WHERE key LIKE 'old%'}),
+ok(keys_gone('gamma', 'old'),
   'a database created later, with CREATE EXTENSION, is picked up without a restart');
 
 # DROP EXTENSION and CREATE EXTENSION again (a new table OID) in a served database.
 $node->safe_psql('gamma', 'DROP EXTENSION idempotency');
 $node->safe_psql('gamma', 'CREATE EXTENSION idempotency');
 add_keys('gamma', 'again', 100, q{now() - interval '1 second'});
-ok($node->poll_query_until('gamma',
-    q{SELECT count(*) = 0 FROM idempotency_keys WHERE key LIKE 'again%'}),
+ok(keys_gone('gamma', 'again'),
   'DROP and CREATE EXTENSION are noticed too');
 
 # --- a failing round is logged, recorded, and retried ------------------------------------
@@ -172,16 +180,14 @@ ok($node->poll_query_until('beta',
         FROM idempotency_stats WHERE datname = 'beta'}),
   'the error of a failing round shows in idempotency_stats.last_error');
 $runs = stat_of('beta', 'cleanup_runs');
-ok($node->poll_query_until('beta',
-    "SELECT cleanup_runs >= $runs + 2 FROM idempotency_stats WHERE datname = 'beta'"),
+ok(two_more_rounds('beta', $runs),
   'later rounds keep trying');
 is(count_keys('beta', 'stuck'), '10', 'nothing was deleted while the round failed');
 ok($node->log_contains(qr/idempotency cleanup of database \d+ failed: cleanup refused/),
   'the failure is in the server log');
 is(launcher_pid(), $launcher, 'the launcher did not restart (no crash loop)');
 $node->safe_psql('beta', 'DROP TRIGGER refuse ON idempotency_keys');
-ok($node->poll_query_until('beta', q{
-    SELECT count(*) = 0 FROM idempotency_keys WHERE key LIKE 'stuck%'}),
+ok(keys_gone('beta', 'stuck'),
   'once the cause is gone, the next round deletes the keys');
 ok($node->poll_query_until('beta',
     q{SELECT last_error IS NULL FROM idempotency_stats WHERE datname = 'beta'}),
@@ -209,8 +215,7 @@ is(count_keys('alpha', 'slow'), '10', 'expired keys wait for the next round');
 $node->safe_psql('postgres', q{ALTER SYSTEM SET idempotency.cleanup_interval = '200ms'});
 $start = time();
 $node->reload;
-ok($node->poll_query_until('alpha',
-    q{SELECT count(*) = 0 FROM idempotency_keys WHERE key LIKE 'slow%'}),
+ok(keys_gone('alpha', 'slow'),
   'after SIGHUP with a short interval, the launcher wakes up and deletes them');
 $elapsed = time() - $start;
 cmp_ok($elapsed, '<', 60, 'well before the old 10 min interval would have ended');
