@@ -9,6 +9,7 @@ EXTENSION   = idempotency
 EXTVERSION  = $(shell sed -n "s/^default_version *= *'\(.*\)'/\1/p" $(EXTENSION).control)
 MODULE_big  = idempotency
 OBJS        = src/pg_boundary.o \
+              src/caller.o \
               src/module.o \
               src/gucs.o \
               src/stats.o \

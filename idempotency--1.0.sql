@@ -1,8 +1,61 @@
 -- idempotency 1.0: idempotency keys that live beside the business data.
--- Every object is created in the extension's schema (@extschema@); the C++ code finds its
--- table through that schema, never through search_path.
+-- Every object is created in the extension's schema (@extschema@, always "idempotency": see
+-- the control file); the C++ code finds its table through that schema by OID, never through
+-- search_path. Every name and operator below is schema-qualified.
 
 \echo Use "CREATE EXTENSION idempotency" to load this file. \quit
+
+-------------------------------------------------------------------------------
+-- The schema must be one that nobody but superusers controls (SECURITY.md). CREATE
+-- EXTENSION creates it when it is missing; one prepared beforehand is accepted only if a
+-- superuser owns it, no other role may create objects in it, and it is empty.
+-------------------------------------------------------------------------------
+
+DO $check$
+DECLARE
+  target oid := pg_catalog.to_regnamespace('@extschema@')::pg_catalog.oid;
+  schema_owner pg_catalog.name;
+  untrusted pg_catalog.name;
+BEGIN
+  SELECT r.rolname INTO schema_owner
+    FROM pg_catalog.pg_namespace n JOIN pg_catalog.pg_roles r ON r.oid OPERATOR(pg_catalog.=) n.nspowner
+   WHERE n.oid OPERATOR(pg_catalog.=) target AND NOT r.rolsuper;
+  IF FOUND THEN
+    RAISE EXCEPTION USING ERRCODE = '42501',
+      MESSAGE = pg_catalog.format('schema %I is owned by role %I, which is not a superuser',
+                                  '@extschema@', schema_owner),
+      HINT = 'The extension''s schema must be controlled by superusers only: drop or rename this schema, then CREATE EXTENSION idempotency creates its own.';
+  END IF;
+  SELECT r.rolname INTO untrusted
+    FROM pg_catalog.pg_roles r
+   WHERE NOT r.rolsuper AND pg_catalog.has_schema_privilege(r.oid, target, 'CREATE')
+   LIMIT 1;
+  IF FOUND THEN
+    RAISE EXCEPTION USING ERRCODE = '42501',
+      MESSAGE = pg_catalog.format('role %I, which is not a superuser, may create objects in schema %I',
+                                  untrusted, '@extschema@'),
+      HINT = pg_catalog.format('REVOKE CREATE ON SCHEMA %I FROM the roles that hold it, or let CREATE EXTENSION create the schema.', '@extschema@');
+  END IF;
+  IF EXISTS (SELECT FROM pg_catalog.pg_class WHERE relnamespace OPERATOR(pg_catalog.=) target)
+     OR EXISTS (SELECT FROM pg_catalog.pg_proc WHERE pronamespace OPERATOR(pg_catalog.=) target)
+     OR EXISTS (SELECT FROM pg_catalog.pg_type WHERE typnamespace OPERATOR(pg_catalog.=) target)
+     OR EXISTS (SELECT FROM pg_catalog.pg_operator WHERE oprnamespace OPERATOR(pg_catalog.=) target)
+     OR EXISTS (SELECT FROM pg_catalog.pg_collation WHERE collnamespace OPERATOR(pg_catalog.=) target)
+     OR EXISTS (SELECT FROM pg_catalog.pg_conversion WHERE connamespace OPERATOR(pg_catalog.=) target)
+     OR EXISTS (SELECT FROM pg_catalog.pg_opclass WHERE opcnamespace OPERATOR(pg_catalog.=) target)
+     OR EXISTS (SELECT FROM pg_catalog.pg_opfamily WHERE opfnamespace OPERATOR(pg_catalog.=) target)
+     OR EXISTS (SELECT FROM pg_catalog.pg_ts_config WHERE cfgnamespace OPERATOR(pg_catalog.=) target)
+     OR EXISTS (SELECT FROM pg_catalog.pg_ts_dict WHERE dictnamespace OPERATOR(pg_catalog.=) target)
+     OR EXISTS (SELECT FROM pg_catalog.pg_ts_parser WHERE prsnamespace OPERATOR(pg_catalog.=) target)
+     OR EXISTS (SELECT FROM pg_catalog.pg_ts_template WHERE tmplnamespace OPERATOR(pg_catalog.=) target)
+     OR EXISTS (SELECT FROM pg_catalog.pg_statistic_ext WHERE stxnamespace OPERATOR(pg_catalog.=) target)
+  THEN
+    RAISE EXCEPTION USING ERRCODE = '42P06',
+      MESSAGE = pg_catalog.format('schema %I already holds objects', '@extschema@'),
+      HINT = 'CREATE EXTENSION idempotency needs an empty schema of its own: drop or rename this schema first.';
+  END IF;
+END
+$check$;
 
 -------------------------------------------------------------------------------
 -- Types
@@ -41,23 +94,26 @@ COMMENT ON TYPE @extschema@.claim_result IS
 
 -- Columns that a completion changes come last, so that the WAL record of that update
 -- (prefix/suffix compressed on the same page) stays small.
+-- A key is (owner, scope, key): each role has its own keys, and another role's key of the
+-- same scope and name is a different key.
 CREATE TABLE @extschema@.idempotency_keys (
-  scope          text COLLATE "C" NOT NULL DEFAULT '',
-  key            text COLLATE "C" NOT NULL,
-  owner          regrole NOT NULL,
-  fingerprint    bytea,
-  attempts       integer NOT NULL DEFAULT 1,
-  ttl            interval NOT NULL,
-  created_at     timestamptz NOT NULL,
-  expires_at     timestamptz NOT NULL,
-  lease_token    uuid,
-  locked_until   timestamptz,
-  recovery_point text,
+  owner          pg_catalog.regrole NOT NULL,
+  scope          pg_catalog.text COLLATE pg_catalog."C" NOT NULL DEFAULT '',
+  key            pg_catalog.text COLLATE pg_catalog."C" NOT NULL,
+  fingerprint    pg_catalog.bytea,
+  attempts       pg_catalog.int4 NOT NULL DEFAULT 1,
+  ttl            pg_catalog.interval NOT NULL,
+  lease          pg_catalog.interval NOT NULL,
+  created_at     pg_catalog.timestamptz NOT NULL,
+  expires_at     pg_catalog.timestamptz NOT NULL,
+  lease_token    pg_catalog.uuid,
+  locked_until   pg_catalog.timestamptz,
+  recovery_point pg_catalog.text,
   status         @extschema@.key_status NOT NULL DEFAULT 'processing',
-  response_code  integer,
-  updated_at     timestamptz NOT NULL,
-  response       jsonb,
-  PRIMARY KEY (scope, key)
+  response_code  pg_catalog.int4,
+  updated_at     pg_catalog.timestamptz NOT NULL,
+  response       pg_catalog.jsonb,
+  PRIMARY KEY (owner, scope, key)
 ) WITH (
   -- Keys churn: every row is deleted after its ttl. Vacuum early so that dead index
   -- entries do not slow the key lookups, and leave room on each page for the completion
@@ -71,14 +127,16 @@ CREATE TABLE @extschema@.idempotency_keys (
 CREATE INDEX idempotency_keys_expires_at_idx ON @extschema@.idempotency_keys (expires_at);
 
 COMMENT ON TABLE @extschema@.idempotency_keys IS
-  'One row per (scope, key): the claim, its lease and the stored outcome. Reached only '
-  'through claim_key / complete_key / release_key / checkpoint_key.';
+  'One row per (owner, scope, key): the claim, its lease and the stored outcome. Reached only '
+  'through claim_key / complete_key / release_key / checkpoint_key, which act as the '
+  'extension owner for the caller''s own keys.';
 COMMENT ON COLUMN @extschema@.idempotency_keys.scope IS 'Namespace of the key (tenant, API key, endpoint); '''' by default.';
 COMMENT ON COLUMN @extschema@.idempotency_keys.key IS 'The client''s idempotency key (at most idempotency.max_key_length bytes).';
-COMMENT ON COLUMN @extschema@.idempotency_keys.owner IS 'Role that claimed the key (regrole: pg_dump writes its name, so a restore maps it to the same role in another cluster); other roles get SQLSTATE 42501.';
+COMMENT ON COLUMN @extschema@.idempotency_keys.owner IS 'Role that claimed the key (current_user at the call) and part of its identity. regrole: pg_dump writes the name, so a restore maps it to the role of that name; keys of dropped roles are deleted by the cleanup and left out of dumps.';
 COMMENT ON COLUMN @extschema@.idempotency_keys.fingerprint IS 'Digest of the request payload; NULL = not checked.';
 COMMENT ON COLUMN @extschema@.idempotency_keys.attempts IS 'How many times the key was claimed (1 + reclaims).';
 COMMENT ON COLUMN @extschema@.idempotency_keys.ttl IS 'How long the key is kept, counted from completion.';
+COMMENT ON COLUMN @extschema@.idempotency_keys.lease IS 'The lease the claim was made with; checkpoint_key renews by it when given no lease.';
 COMMENT ON COLUMN @extschema@.idempotency_keys.created_at IS 'When the key was first claimed.';
 COMMENT ON COLUMN @extschema@.idempotency_keys.expires_at IS 'After this time the key counts as absent and the cleanup deletes it.';
 COMMENT ON COLUMN @extschema@.idempotency_keys.lease_token IS 'Fencing token (UUIDv7) of the current holder; NULL once released.';
@@ -90,16 +148,30 @@ COMMENT ON COLUMN @extschema@.idempotency_keys.updated_at IS 'Last change of the
 COMMENT ON COLUMN @extschema@.idempotency_keys.response IS 'Stored outcome replayed to duplicates.';
 COMMENT ON INDEX @extschema@.idempotency_keys_expires_at_idx IS 'Serves the cleanup''s scan for expired keys.';
 
--- pg_dump keeps the rows: a dump and restore loses no key.
-SELECT pg_catalog.pg_extension_config_dump('@extschema@.idempotency_keys', '');
+-- pg_dump keeps the rows: a dump and restore loses no key. Keys of dropped roles are left
+-- out: their owner would be written as a bare OID, which a restore would hand to whatever
+-- role has that OID there.
+SELECT pg_catalog.pg_extension_config_dump('@extschema@.idempotency_keys',
+  'WHERE EXISTS (SELECT FROM pg_catalog.pg_roles r WHERE r.oid OPERATOR(pg_catalog.=) owner)');
 
 -- Applications reach the rows only through the functions below.
 REVOKE ALL ON TABLE @extschema@.idempotency_keys FROM PUBLIC;
 
+-- The secret of the key locks' tags (key_lock.hpp): pg_locks shows every lock to every
+-- role, and without a secret a role could compute the tag of a key it guesses.
+CREATE TABLE @extschema@.key_lock_salt (salt pg_catalog.bytea NOT NULL);
+INSERT INTO @extschema@.key_lock_salt
+  SELECT pg_catalog.decode(pg_catalog.replace(pg_catalog.gen_random_uuid()::pg_catalog.text
+                                              OPERATOR(pg_catalog.||) pg_catalog.gen_random_uuid()::pg_catalog.text,
+                                              '-', ''), 'hex');
+REVOKE ALL ON TABLE @extschema@.key_lock_salt FROM PUBLIC;
+COMMENT ON TABLE @extschema@.key_lock_salt IS
+  'A random secret mixed into the tags of the per-key locks, so that pg_locks reveals no key.';
+
 -------------------------------------------------------------------------------
--- The claim protocol (SECURITY DEFINER: the caller needs no right on the table; the
--- C++ code schema-qualifies every name and operator, so the caller's search_path is
--- never consulted)
+-- The claim protocol. The functions run as their caller (SECURITY INVOKER): keys belong to
+-- current_user. The C++ code reaches the table as the extension owner, under
+-- SECURITY_RESTRICTED_OPERATION with search_path = pg_catalog, pg_temp.
 -------------------------------------------------------------------------------
 
 CREATE FUNCTION @extschema@.claim_key(
@@ -111,7 +183,7 @@ CREATE FUNCTION @extschema@.claim_key(
   wait        interval DEFAULT '0')
 RETURNS @extschema@.claim_result
 AS 'MODULE_PATHNAME', 'claim_key'
-LANGUAGE C VOLATILE SECURITY DEFINER PARALLEL UNSAFE;
+LANGUAGE C VOLATILE SECURITY INVOKER PARALLEL UNSAFE;
 COMMENT ON FUNCTION @extschema@.claim_key(text, bytea, text, interval, interval, interval) IS
   'Claims (scope, key) inside the caller''s transaction, or answers replay / mismatch / '
   'in_progress. Waits at most `wait` for a holder to finish.';
@@ -124,7 +196,7 @@ CREATE FUNCTION @extschema@.complete_key(
   scope         text    DEFAULT '')
 RETURNS @extschema@.claim_result
 AS 'MODULE_PATHNAME', 'complete_key'
-LANGUAGE C VOLATILE SECURITY DEFINER PARALLEL UNSAFE;
+LANGUAGE C VOLATILE SECURITY INVOKER PARALLEL UNSAFE;
 COMMENT ON FUNCTION @extschema@.complete_key(text, uuid, jsonb, integer, text) IS
   'Stores the outcome of a claim held with `token`; duplicates then get replay. Fenced: '
   'a token that no longer holds the key is rejected (55000).';
@@ -132,7 +204,7 @@ COMMENT ON FUNCTION @extschema@.complete_key(text, uuid, jsonb, integer, text) I
 CREATE FUNCTION @extschema@.release_key(key text, token uuid, scope text DEFAULT '')
 RETURNS void
 AS 'MODULE_PATHNAME', 'release_key'
-LANGUAGE C VOLATILE SECURITY DEFINER PARALLEL UNSAFE;
+LANGUAGE C VOLATILE SECURITY INVOKER PARALLEL UNSAFE;
 COMMENT ON FUNCTION @extschema@.release_key(text, uuid, text) IS
   'Gives a claim up without an outcome (a transient failure): the next claim_key gets '
   'reclaimed at once. Fenced like complete_key.';
@@ -145,7 +217,7 @@ CREATE FUNCTION @extschema@.checkpoint_key(
   lease          interval DEFAULT NULL)
 RETURNS timestamptz
 AS 'MODULE_PATHNAME', 'checkpoint_key'
-LANGUAGE C VOLATILE SECURITY DEFINER PARALLEL UNSAFE;
+LANGUAGE C VOLATILE SECURITY INVOKER PARALLEL UNSAFE;
 COMMENT ON FUNCTION @extschema@.checkpoint_key(text, uuid, text, text, interval) IS
   'Records the progress of a multi-step handler and renews the lease (a heartbeat); '
   'returns the new end of the lease. Fenced like complete_key.';
@@ -197,7 +269,7 @@ COMMENT ON FUNCTION @extschema@.uuid_v7_time(uuid) IS
 CREATE FUNCTION @extschema@.idempotency_cleanup(batch_size integer DEFAULT NULL)
 RETURNS bigint
 AS 'MODULE_PATHNAME', 'idempotency_cleanup'
-LANGUAGE C VOLATILE SECURITY DEFINER PARALLEL UNSAFE;
+LANGUAGE C VOLATILE SECURITY INVOKER PARALLEL UNSAFE;
 COMMENT ON FUNCTION @extschema@.idempotency_cleanup(integer) IS
   'Deletes expired keys now, in batches of batch_size (default idempotency.cleanup_batch_size) '
   'with SKIP LOCKED; returns how many were deleted. What the worker runs; usable from pg_cron.';
@@ -228,3 +300,6 @@ COMMENT ON VIEW @extschema@.idempotency_stats IS
 REVOKE ALL ON FUNCTION @extschema@.idempotency_stats_rows() FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION @extschema@.idempotency_stats_rows() TO pg_monitor;
 GRANT SELECT ON @extschema@.idempotency_stats TO pg_monitor;
+-- Monitoring roles reach the view through the schema (USAGE lets them call the claim
+-- functions too, for keys of their own: nothing of another role's).
+GRANT USAGE ON SCHEMA @extschema@ TO pg_monitor;

@@ -13,6 +13,7 @@
 // the holder's commit or rollback promptly, answers interrupts, and never spins.
 #include "claim_protocol.hpp"
 
+#include "caller.hpp"
 #include "gucs.hpp"
 #include "key_lock.hpp"
 #include "key_store.hpp"
@@ -34,6 +35,10 @@ using key_store::Session;
 struct KeyName {
   text* scope;
   text* key;
+  // The key lock's identity of this name when `owner` claims it in `table`.
+  key_lock::KeyIdentity identity(Oid table, Oid owner) const {
+    return {table, owner, scope_bytes(), scope_length(), key_bytes(), key_length()};
+  }
   const char* scope_bytes() const { return VARDATA_ANY(scope); }
   size_t scope_length() const { return VARSIZE_ANY_EXHDR(scope); }
   const char* key_bytes() const { return VARDATA_ANY(key); }
@@ -84,6 +89,20 @@ Interval seconds_interval(int seconds) {
   return interval;
 }
 
+// An interval argument as one span of microseconds, a month counted as 30 days and a day as
+// 24 hours (as PostgreSQL compares intervals): what a ttl, lease or wait means is then the
+// same on every calendar day, and '1 mon -31 days' is negative in December too.
+Interval as_span(const Interval& interval, const char* name) {
+  const __int128 span = static_cast<__int128>(interval.time) +
+                        static_cast<__int128>(interval.day) * USECS_PER_DAY +
+                        static_cast<__int128>(interval.month) * DAYS_PER_MONTH * USECS_PER_DAY;
+  if (span > PG_INT64_MAX || span < PG_INT64_MIN)
+    throw Error(ERRCODE_INVALID_PARAMETER_VALUE, std::string(name) + " is out of range");
+  Interval result{};
+  result.time = static_cast<int64>(span);
+  return result;
+}
+
 TimestampTz add_interval(TimestampTz time, const Interval& interval) {
   return pg_call([&] {
     return DatumGetTimestampTz(DirectFunctionCall2(
@@ -91,15 +110,42 @@ TimestampTz add_interval(TimestampTz time, const Interval& interval) {
   });
 }
 
-// An optional interval argument that must be positive (ttl, lease); NULL takes the GUC.
-Interval positive_interval_argument(FunctionCallInfo fcinfo, int n, const char* name,
-                                    int default_seconds, TimestampTz now) {
-  if (PG_ARGISNULL(n)) return seconds_interval(default_seconds);
-  Interval interval = *PG_GETARG_INTERVAL_P(n);
-  if (add_interval(now, interval) <= now)
+// An optional interval argument (ttl, lease) that must be positive and at most
+// idempotency.max_<name>; NULL takes idempotency.default_<name>, which any role can set and
+// which is therefore held to the same maximum.
+Interval bounded_interval_argument(FunctionCallInfo fcinfo, int n, const char* name,
+                                   int default_seconds, int max_seconds) {
+  const std::string setting = std::string("idempotency.default_") + name;
+  const std::string limit = std::string("idempotency.max_") + name;
+  if (PG_ARGISNULL(n)) {
+    if (default_seconds > max_seconds)
+      throw Error(ERRCODE_INVALID_PARAMETER_VALUE, setting + " exceeds " + limit,
+                  setting + " is " + std::to_string(default_seconds) + " s; " + limit + " is " +
+                      std::to_string(max_seconds) + " s.");
+    return seconds_interval(default_seconds);
+  }
+  Interval interval = as_span(*PG_GETARG_INTERVAL_P(n), name);
+  if (interval.time <= 0)
     throw Error(ERRCODE_INVALID_PARAMETER_VALUE, std::string(name) + " must be positive",
-                "Pass NULL to use idempotency.default_" + std::string(name) + ".");
+                "Pass NULL to use " + setting + ".");
+  if (interval.time > int64{max_seconds} * USECS_PER_SEC)
+    throw Error(ERRCODE_INVALID_PARAMETER_VALUE, std::string(name) + " exceeds " + limit,
+                limit + " is " + std::to_string(max_seconds) + " s.");
   return interval;
+}
+
+// An optional bytea or text argument of at most `limit` bytes (the fingerprint, the recovery
+// point), measured before it is detoasted: an oversized value is refused without being read.
+struct varlena* bounded_varlena_argument(FunctionCallInfo fcinfo, int n, const char* name,
+                                         const char* setting, int limit) {
+  if (PG_ARGISNULL(n)) return nullptr;
+  Datum raw = PG_GETARG_DATUM(n);
+  size_t size = pg_call([&] { return toast_raw_datum_size(raw); }) - VARHDRSZ;
+  if (size > static_cast<size_t>(limit))
+    throw Error(ERRCODE_STRING_DATA_RIGHT_TRUNCATION, std::string(name) + " is too long",
+                "The " + std::string(name) + " has " + std::to_string(size) + " bytes; " + setting +
+                    " is " + std::to_string(limit) + ".");
+  return pg_call([&] { return PG_DETOAST_DATUM_PACKED(raw); });
 }
 
 // ---------------------------------------------------------------------------------------
@@ -270,25 +316,19 @@ bool same_bytes(const bytea* a, const bytea* b) {
          memcmp(VARDATA_ANY(a), VARDATA_ANY(b), VARSIZE_ANY_EXHDR(a)) == 0;
 }
 
-enum class Verdict { kAbsent, kExpired, kForeign, kMismatch, kReplay, kLeased, kReclaimable };
+enum class Verdict { kAbsent, kExpired, kMismatch, kReplay, kLeased, kReclaimable };
 
-// The SPEC's status table, applied to a row as read at `now`.
-Verdict judge(const std::optional<KeyRow>& row, const bytea* fingerprint, Oid caller,
-              TimestampTz now) {
+// The SPEC's status table, applied to a row of the caller's (owner, scope, key) as read at
+// `now`. Another role's row of the same (scope, key) is another key: never read here.
+Verdict judge(const std::optional<KeyRow>& row, const bytea* fingerprint, TimestampTz now) {
   if (!row) return Verdict::kAbsent;
   if (row->expires_at <= now) return Verdict::kExpired;
-  if (row->owner != caller) return Verdict::kForeign;
   if (fingerprint != nullptr && row->fingerprint != nullptr &&
       !same_bytes(fingerprint, row->fingerprint))
     return Verdict::kMismatch;
   if (row->completed) return Verdict::kReplay;
   if (row->lease_token && row->locked_until && *row->locked_until > now) return Verdict::kLeased;
   return Verdict::kReclaimable;
-}
-
-[[noreturn]] void reject_foreign(const KeyName& name) {
-  throw Error(ERRCODE_INSUFFICIENT_PRIVILEGE,
-              "idempotency key " + name.describe() + " belongs to another role");
 }
 
 struct ClaimRequest {
@@ -299,6 +339,7 @@ struct ClaimRequest {
   Interval lease{};
   TimestampTz deadline = 0;  // of waiting
   Oid caller = InvalidOid;
+  Oid table = InvalidOid;
 };
 
 // Sleeps on the latch until the next poll (interruptible; exits on postmaster death).
@@ -322,6 +363,7 @@ key_store::ClaimValues claim_values(const ClaimRequest& request, TimestampTz now
   values.token = *uuid_v7::generate();
   values.now = now;
   values.ttl = request.ttl;
+  values.lease = request.lease;
   values.locked_until = add_interval(now, request.lease);
   *ttl_expiry = add_interval(now, request.ttl);
   // A processing key never expires while its lease runs.
@@ -351,12 +393,10 @@ ClaimResult claim(Session& store, const ClaimRequest& request) {
   int retries_without_sleep = 0;
   for (bool first_look = true;; first_look = false) {
     TimestampTz now = GetCurrentTimestamp();
-    std::optional<KeyRow> row =
-        first_look ? store.peek(name.scope, name.key) : store.find(name.scope, name.key);
-    Verdict verdict = judge(row, request.fingerprint, request.caller, now);
+    std::optional<KeyRow> row = first_look ? store.peek(request.caller, name.scope, name.key)
+                                           : store.find(request.caller, name.scope, name.key);
+    Verdict verdict = judge(row, request.fingerprint, now);
     switch (verdict) {
-      case Verdict::kForeign:
-        reject_foreign(name);
       case Verdict::kMismatch:
         stats::count(stats::kMismatched);
         return stored_answer(Status::kMismatch, *row);
@@ -371,8 +411,8 @@ ClaimResult claim(Session& store, const ClaimRequest& request) {
         break;
     }
 
-    key_lock::Outcome lock = key_lock::try_lock(name.scope_bytes(), name.scope_length(),
-                                                name.key_bytes(), name.key_length());
+    const key_lock::KeyIdentity identity = name.identity(request.table, request.caller);
+    key_lock::Outcome lock = key_lock::try_lock(identity);
     if (lock == key_lock::Outcome::kBusy) {
       // A claim of this key is in a transaction that is still open.
       if (now >= request.deadline) return in_progress(USECS_PER_SEC);
@@ -389,8 +429,8 @@ ClaimResult claim(Session& store, const ClaimRequest& request) {
         return claimed_answer(Status::kClaimed, values, ttl_expiry, where, 1, nullptr, now,
                               request.fingerprint);
       // A claim committed between our read and our lock; decide again from its row.
-    } else if (std::optional<KeyRow> locked = store.lock(name.scope, name.key)) {
-      Verdict current = judge(locked, request.fingerprint, request.caller, now);
+    } else if (std::optional<KeyRow> locked = store.lock(request.caller, name.scope, name.key)) {
+      Verdict current = judge(locked, request.fingerprint, now);
       if (current == Verdict::kExpired) {
         key_store::ClaimValues values = claim_values(request, now, &ttl_expiry);
         store.restart(name.scope, name.key, values);
@@ -408,9 +448,7 @@ ClaimResult claim(Session& store, const ClaimRequest& request) {
     }
     // Else the row is gone (cleanup) or another transaction has it locked (a cleanup batch
     // or the old holder finishing): decide again, and wait if it persists.
-    if (lock == key_lock::Outcome::kAcquired)
-      key_lock::unlock(name.scope_bytes(), name.scope_length(), name.key_bytes(),
-                       name.key_length());
+    if (lock == key_lock::Outcome::kAcquired) key_lock::unlock(identity);
     if (++retries_without_sleep > 2) {
       if (now >= request.deadline) return in_progress(USECS_PER_SEC);
       sleep_until_next_poll(backoff_us, request.deadline);
@@ -418,23 +456,39 @@ ClaimResult claim(Session& store, const ClaimRequest& request) {
   }
 }
 
+// Runs `work(store)` on the installation of the calling function, as its owner (caller.hpp).
+template <typename Work>
+auto as_owner(FunctionCallInfo fcinfo, Work&& work) {
+  const caller::Installation installation = caller::of_function(fcinfo->flinfo->fn_oid);
+  caller::ActingAsOwner acting(installation);
+  Session store(installation.table);
+  auto result = work(static_cast<Session&>(store), installation);
+  store.finish();
+  return result;
+}
+
 Datum sql_claim_key(FunctionCallInfo fcinfo) {
+  const Oid caller = caller::calling_role("claim_key");
   ClaimRequest request(key_arguments(fcinfo, 0, 2));
   TimestampTz now = GetCurrentTimestamp();
-  request.fingerprint = PG_ARGISNULL(1) ? nullptr : pg_call([&] { return PG_GETARG_BYTEA_PP(1); });
-  request.ttl = positive_interval_argument(fcinfo, 3, "ttl", gucs::default_ttl_seconds, now);
-  request.lease = positive_interval_argument(fcinfo, 4, "lease", gucs::default_lease_seconds, now);
+  request.fingerprint = reinterpret_cast<bytea*>(bounded_varlena_argument(
+      fcinfo, 1, "fingerprint", "idempotency.max_fingerprint_size", gucs::max_fingerprint_size));
+  request.ttl =
+      bounded_interval_argument(fcinfo, 3, "ttl", gucs::default_ttl_seconds, gucs::max_ttl_seconds);
+  request.lease = bounded_interval_argument(fcinfo, 4, "lease", gucs::default_lease_seconds,
+                                            gucs::max_lease_seconds);
   request.deadline = now;
   if (!PG_ARGISNULL(5)) {
-    request.deadline = add_interval(now, *PG_GETARG_INTERVAL_P(5));
-    if (request.deadline < now)
-      throw Error(ERRCODE_INVALID_PARAMETER_VALUE, "wait must not be negative");
+    Interval wait = as_span(*PG_GETARG_INTERVAL_P(5), "wait");
+    if (wait.time < 0) throw Error(ERRCODE_INVALID_PARAMETER_VALUE, "wait must not be negative");
+    request.deadline = add_interval(now, wait);
   }
-  request.caller = GetOuterUserId();
+  request.caller = caller;
 
-  Session store(fcinfo->flinfo->fn_oid);
-  ClaimResult result = claim(store, request);
-  store.finish();
+  ClaimResult result = as_owner(fcinfo, [&](Session& store, const caller::Installation& at) {
+    request.table = at.table;
+    return claim(store, request);
+  });
   return result_datum(fcinfo, result);
 }
 
@@ -455,9 +509,8 @@ bool same_token(const std::optional<pg_uuid_t>& stored, const pg_uuid_t& token) 
 // the key was completed with this very token (the caller decides whether that is a no-op).
 KeyRow explain_fence(Session& store, const KeyName& name, const pg_uuid_t& token, Oid caller,
                      TimestampTz now) {
-  std::optional<KeyRow> row = store.find(name.scope, name.key);
+  std::optional<KeyRow> row = store.find(caller, name.scope, name.key);
   if (!row || row->expires_at <= now) reject_missing(name);
-  if (row->owner != caller) reject_foreign(name);
   if (row->completed && same_token(row->lease_token, token)) return *row;
   if (row->completed)
     throw Error(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE,
@@ -480,6 +533,7 @@ bool same_response(const KeyRow& row, Jsonb* response, std::optional<int32> resp
 }
 
 Datum sql_complete_key(FunctionCallInfo fcinfo) {
+  const Oid caller = caller::calling_role("complete_key");
   KeyName name = key_arguments(fcinfo, 0, 4);
   pg_uuid_t token = token_argument(fcinfo, 1);
   key_store::Outcome outcome{};
@@ -494,73 +548,85 @@ Datum sql_complete_key(FunctionCallInfo fcinfo) {
     outcome.response = pg_call([&] { return PG_GETARG_JSONB_P(2); });
   }
   if (!PG_ARGISNULL(3)) outcome.response_code = PG_GETARG_INT32(3);
-  Oid caller = GetOuterUserId();
   TimestampTz now = GetCurrentTimestamp();
 
-  Session store(fcinfo->flinfo->fn_oid);
-  // The key expires ttl after completion; in the inbox pattern the claim's own expiry is
-  // kept (same transaction, so the same moment to any other transaction).
-  const OwnClaim* own = own_claim(token);
-  std::optional<TimestampTz> expires_at;
-  key_store::RowAddress where = key_store::kNowhere;
-  if (own != nullptr) {
-    expires_at = own->expires_at;
-    where = own->where;
-  } else {
-    // A fresh snapshot, not the statement's: the claim may have been made earlier in this
-    // very statement (claims of more keys than own_claims keeps), invisible to that snapshot.
-    std::optional<KeyRow> row = store.find(name.scope, name.key);
-    if (!row || row->expires_at <= now) reject_missing(name);
-    expires_at = add_interval(now, row->ttl);
-  }
-  std::optional<KeyRow> completed =
-      store.complete(name.scope, name.key, token, caller, outcome, now, *expires_at, where);
-  if (!completed) {
-    KeyRow row = explain_fence(store, name, token, caller, now);
-    if (!same_response(row, outcome.response, outcome.response_code))
+  KeyRow completed = as_owner(fcinfo, [&](Session& store, const caller::Installation&) {
+    // The key expires ttl after completion; in the inbox pattern the claim's own expiry is
+    // kept (same transaction, so the same moment to any other transaction).
+    const OwnClaim* own = own_claim(token);
+    std::optional<TimestampTz> expires_at;
+    key_store::RowAddress where = key_store::kNowhere;
+    if (own != nullptr) {
+      expires_at = own->expires_at;
+      where = own->where;
+    } else {
+      // A fresh snapshot, not the statement's: the claim may have been made earlier in this
+      // very statement (claims of more keys than own_claims keeps), invisible to that snapshot.
+      std::optional<KeyRow> row = store.find(caller, name.scope, name.key);
+      if (!row || row->expires_at <= now) reject_missing(name);
+      expires_at = add_interval(now, row->ttl);
+    }
+    std::optional<KeyRow> row =
+        store.complete(name.scope, name.key, token, caller, outcome, now, *expires_at, where);
+    if (row) {
+      stats::count(stats::kCompleted);
+      return *row;
+    }
+    KeyRow stored = explain_fence(store, name, token, caller, now);
+    if (!same_response(stored, outcome.response, outcome.response_code))
       throw Error(
           ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE,
           "idempotency key " + name.describe() + " was already completed with another response");
-    completed = row;  // the same completion again: a no-op success
-  } else {
-    stats::count(stats::kCompleted);
-  }
-  store.finish();
-  return result_datum(fcinfo, stored_answer(Status::kReplay, *completed));
+    return stored;  // the same completion again: a no-op success
+  });
+  return result_datum(fcinfo, stored_answer(Status::kReplay, completed));
 }
 
 Datum sql_release_key(FunctionCallInfo fcinfo) {
+  const Oid caller = caller::calling_role("release_key");
   KeyName name = key_arguments(fcinfo, 0, 2);
   pg_uuid_t token = token_argument(fcinfo, 1);
-  Oid caller = GetOuterUserId();
   TimestampTz now = GetCurrentTimestamp();
-  Session store(fcinfo->flinfo->fn_oid);
-  if (!store.release(name.scope, name.key, token, caller, now)) {
-    (void)explain_fence(store, name, token, caller, now);
-    throw Error(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE,
-                "idempotency key " + name.describe() + " is completed and cannot be released");
-  }
-  store.finish();
+  (void)as_owner(fcinfo, [&](Session& store, const caller::Installation&) {
+    if (!store.release(name.scope, name.key, token, caller, now)) {
+      (void)explain_fence(store, name, token, caller, now);
+      throw Error(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE,
+                  "idempotency key " + name.describe() + " is completed and cannot be released");
+    }
+    return true;
+  });
   stats::count(stats::kReleased);
   PG_RETURN_VOID();
 }
 
 Datum sql_checkpoint_key(FunctionCallInfo fcinfo) {
+  const Oid caller = caller::calling_role("checkpoint_key");
   KeyName name = key_arguments(fcinfo, 0, 3);
   pg_uuid_t token = token_argument(fcinfo, 1);
-  text* recovery_point = PG_ARGISNULL(2) ? nullptr : text_argument(fcinfo, 2);
+  text* recovery_point = reinterpret_cast<text*>(
+      bounded_varlena_argument(fcinfo, 2, "recovery point", "idempotency.max_recovery_point_size",
+                               gucs::max_recovery_point_size));
   TimestampTz now = GetCurrentTimestamp();
-  Interval lease = positive_interval_argument(fcinfo, 4, "lease", gucs::default_lease_seconds, now);
-  TimestampTz locked_until = add_interval(now, lease);
-  Oid caller = GetOuterUserId();
-  Session store(fcinfo->flinfo->fn_oid);
-  if (!store.checkpoint(name.scope, name.key, token, caller, recovery_point, now, locked_until)) {
-    (void)explain_fence(store, name, token, caller, now);
-    throw Error(
-        ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE,
-        "idempotency key " + name.describe() + " is completed; there is nothing to checkpoint");
-  }
-  store.finish();
+  // NULL keeps the lease the claim was made with (read below, from the caller's row).
+  std::optional<Interval> lease;
+  if (!PG_ARGISNULL(4))
+    lease = bounded_interval_argument(fcinfo, 4, "lease", gucs::default_lease_seconds,
+                                      gucs::max_lease_seconds);
+  TimestampTz locked_until = as_owner(fcinfo, [&](Session& store, const caller::Installation&) {
+    if (!lease) {
+      std::optional<KeyRow> row = store.find(caller, name.scope, name.key);
+      if (!row || row->expires_at <= now) reject_missing(name);
+      lease = row->lease;
+    }
+    TimestampTz until = add_interval(now, *lease);
+    if (!store.checkpoint(name.scope, name.key, token, caller, recovery_point, now, until)) {
+      (void)explain_fence(store, name, token, caller, now);
+      throw Error(
+          ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE,
+          "idempotency key " + name.describe() + " is completed; there is nothing to checkpoint");
+    }
+    return until;
+  });
   PG_RETURN_TIMESTAMPTZ(locked_until);
 }
 

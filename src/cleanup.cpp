@@ -1,6 +1,7 @@
 // idempotency_cleanup() and the batch statement it shares with the worker (cleanup.hpp).
 #include "cleanup.hpp"
 
+#include "caller.hpp"
 #include "gucs.hpp"
 #include "key_store.hpp"
 #include "pg_boundary.hpp"
@@ -25,49 +26,94 @@ std::string batch_sql(const std::string& table) {
          " SELECT pg_catalog.count(*), pg_catalog.max(expires_at) FROM gone";
 }
 
-// One plan per backend, for the table it was made for (a new table OID after DROP and
-// CREATE EXTENSION makes it stale).
+// The next owner after $1 along the primary key (owner, scope, key).
+std::string next_owner_sql(const std::string& table) {
+  return "SELECT owner FROM " + table + " WHERE owner OPERATOR(pg_catalog.>) $1" +
+         " ORDER BY owner LIMIT 1";
+}
+
+// Up to $2 keys of owner $1, locked without waiting and deleted.
+std::string orphans_sql(const std::string& table) {
+  return "WITH gone AS (DELETE FROM " + table +
+         " WHERE ctid OPERATOR(pg_catalog.=) ANY (ARRAY(SELECT ctid FROM " + table +
+         " WHERE owner OPERATOR(pg_catalog.=) $1 LIMIT $2 FOR UPDATE SKIP LOCKED))"
+         " AND owner OPERATOR(pg_catalog.=) $1 RETURNING 1)"
+         " SELECT pg_catalog.count(*) FROM gone";
+}
+
+enum PlanId { kBatch, kNextOwner, kOrphans, kPlanCount };
+
+// Plans kept per backend for the table they were made for (a new table OID after DROP and
+// CREATE EXTENSION makes them stale).
 struct PlanCache {
   Oid table = InvalidOid;
-  SPIPlanPtr plan = nullptr;
+  std::array<SPIPlanPtr, kPlanCount> plans{};
 };
 PlanCache cache;
 
-SPIPlanPtr plan_for(Oid table) {
-  if (cache.table == table && cache.plan != nullptr) return cache.plan;
-  if (cache.plan != nullptr) {
-    SPIPlanPtr old = cache.plan;
-    cache.plan = nullptr;
-    cache.table = InvalidOid;
-    pg_call([&] { SPI_freeplan(old); });
+SPIPlanPtr plan_for(Oid table, PlanId id) {
+  if (cache.table != table) {
+    for (SPIPlanPtr& old : cache.plans) {
+      SPIPlanPtr freed = std::exchange(old, nullptr);
+      if (freed != nullptr) pg_call([&] { SPI_freeplan(freed); });
+    }
+    cache.table = table;
   }
-  const std::string sql = batch_sql(key_store::qualified_name(table));
-  Oid types[] = {TIMESTAMPTZOID, INT4OID, TIMESTAMPTZOID};
+  if (cache.plans[id] != nullptr) return cache.plans[id];
+  const std::string name = key_store::qualified_name(table);
+  std::string sql;
+  std::vector<Oid> types;
+  switch (id) {
+    case kBatch:
+      sql = batch_sql(name);
+      types = {TIMESTAMPTZOID, INT4OID, TIMESTAMPTZOID};
+      break;
+    case kNextOwner:
+      sql = next_owner_sql(name);
+      types = {REGROLEOID};
+      break;
+    default:
+      sql = orphans_sql(name);
+      types = {REGROLEOID, INT4OID};
+      break;
+  }
   SPIPlanPtr plan = pg_call([&] {
-    // Generic from the start: the shape (index scan in expires_at order under a LIMIT) is
-    // the right one whatever the values, and custom plans would be re-planned every batch.
-    return SPI_prepare_cursor(sql.c_str(), 3, types, CURSOR_OPT_GENERIC_PLAN);
+    // Generic from the start: the shape (an index scan under a LIMIT) is the right one
+    // whatever the values, and custom plans would be re-planned every batch.
+    return SPI_prepare_cursor(sql.c_str(), static_cast<int>(types.size()), types.data(),
+                              CURSOR_OPT_GENERIC_PLAN);
   });
   if (plan == nullptr)
-    throw Error(ERRCODE_INTERNAL_ERROR, "could not prepare the cleanup statement",
+    throw Error(ERRCODE_INTERNAL_ERROR, "could not prepare a cleanup statement",
                 SPI_result_code_string(SPI_result));
   pg_call([&] { SPI_keepplan(plan); });
-  cache.plan = plan;
-  cache.table = table;
+  cache.plans[id] = plan;
   return plan;
+}
+
+// Runs a kept plan that returns one row; checks the row's column types before they are read.
+HeapTuple run_one_row(Oid table, PlanId id, Datum* values, std::initializer_list<Oid> types,
+                      bool may_be_empty = false) {
+  SPIPlanPtr plan = plan_for(table, id);
+  int rc = pg_call([&] { return SPI_execute_plan(plan, values, nullptr, false, 0); });
+  if (rc != SPI_OK_SELECT || SPI_processed > 1 || (SPI_processed == 0 && !may_be_empty))
+    throw Error(ERRCODE_INTERNAL_ERROR, "a cleanup statement failed", SPI_result_code_string(rc));
+  TupleDesc desc = SPI_tuptable->tupdesc;
+  bool shaped = desc->natts == static_cast<int>(types.size());
+  int column = 0;
+  for (Oid type : types) shaped = shaped && TupleDescAttr(desc, column++)->atttypid == type;
+  if (!shaped)
+    throw Error(ERRCODE_DATATYPE_MISMATCH, "a cleanup statement returned unexpected columns");
+  return SPI_processed == 0 ? nullptr : SPI_tuptable->vals[0];
 }
 
 }  // namespace
 
 Batch delete_batch(Oid table, TimestampTz now, TimestampTz from, int batch_size) {
-  SPIPlanPtr plan = plan_for(table);
   Datum values[] = {TimestampTzGetDatum(now), Int32GetDatum(batch_size), TimestampTzGetDatum(from)};
-  int rc = pg_call([&] { return SPI_execute_plan(plan, values, nullptr, false, 0); });
-  if (rc != SPI_OK_SELECT || SPI_processed != 1)
-    throw Error(ERRCODE_INTERNAL_ERROR, "the cleanup statement failed", SPI_result_code_string(rc));
+  HeapTuple tuple = run_one_row(table, kBatch, values, {INT8OID, TIMESTAMPTZOID});
   Batch batch;
   bool is_null = false;
-  HeapTuple tuple = SPI_tuptable->vals[0];
   TupleDesc desc = SPI_tuptable->tupdesc;
   batch.deleted = static_cast<uint64>(DatumGetInt64(SPI_getbinval(tuple, desc, 1, &is_null)));
   Datum last = SPI_getbinval(tuple, desc, 2, &is_null);
@@ -77,22 +123,25 @@ Batch delete_batch(Oid table, TimestampTz now, TimestampTz from, int batch_size)
   return batch;
 }
 
-Oid installed_table() {
-  int rc = pg_call([] {
-    return SPI_execute(
-        "SELECT c.oid FROM pg_catalog.pg_extension e JOIN pg_catalog.pg_class c"
-        " ON c.relnamespace OPERATOR(pg_catalog.=) e.extnamespace"
-        " AND c.relname OPERATOR(pg_catalog.=) 'idempotency_keys'"
-        " AND c.relkind OPERATOR(pg_catalog.=) 'r'"
-        " WHERE e.extname OPERATOR(pg_catalog.=) 'idempotency'",
-        true, 1);
-  });
-  if (rc != SPI_OK_SELECT)
-    throw Error(ERRCODE_INTERNAL_ERROR, "could not look up the extension idempotency",
-                SPI_result_code_string(rc));
-  if (SPI_processed == 0) return InvalidOid;
-  bool is_null = false;
-  return DatumGetObjectId(SPI_getbinval(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 1, &is_null));
+uint64 delete_orphans(Oid table, int batch_size) {
+  uint64 deleted = 0;
+  Oid owner = InvalidOid;
+  while (deleted < static_cast<uint64>(batch_size)) {
+    Datum after[] = {ObjectIdGetDatum(owner)};
+    HeapTuple tuple = run_one_row(table, kNextOwner, after, {REGROLEOID}, true);
+    if (tuple == nullptr) break;
+    bool is_null = false;
+    owner = DatumGetObjectId(SPI_getbinval(tuple, SPI_tuptable->tupdesc, 1, &is_null));
+    if (is_null) break;
+    if (pg_call([&] { return SearchSysCacheExists1(AUTHOID, ObjectIdGetDatum(owner)); })) continue;
+    Datum values[] = {ObjectIdGetDatum(owner),
+                      Int32GetDatum(static_cast<int32>(batch_size - deleted))};
+    tuple = run_one_row(table, kOrphans, values, {INT8OID});
+    deleted += static_cast<uint64>(
+        DatumGetInt64(SPI_getbinval(tuple, SPI_tuptable->tupdesc, 1, &is_null)));
+  }
+  stats::count(stats::kExpiredDeleted, deleted);
+  return deleted;
 }
 
 namespace {
@@ -104,17 +153,26 @@ namespace {
 // but the deletions commit together with the caller. The worker commits every batch; from
 // pg_cron, run it often enough that one call has little to do.
 Datum sql_cleanup(FunctionCallInfo fcinfo) {
+  (void)caller::calling_role("idempotency_cleanup");
   int batch_size = PG_ARGISNULL(0) ? gucs::cleanup_batch_size : PG_GETARG_INT32(0);
   if (batch_size <= 0)
     throw Error(ERRCODE_INVALID_PARAMETER_VALUE, "batch_size must be positive",
                 "batch_size is " + std::to_string(batch_size) + ".",
                 "Pass NULL to use idempotency.cleanup_batch_size.");
-  Oid table = key_store::table_of(fcinfo->flinfo->fn_oid);
+  const caller::Installation installation = caller::of_function(fcinfo->flinfo->fn_oid);
+  const Oid table = installation.table;
   const TimestampTz now = GetCurrentTimestamp();
   uint64 total = 0;
   try {
+    caller::ActingAsOwner acting(installation);
     int rc = pg_call([] { return SPI_connect(); });
     if (rc != SPI_OK_CONNECT) throw Error(ERRCODE_INTERNAL_ERROR, "SPI_connect failed");
+    // Keys of dropped roles first, then the expired ones.
+    for (uint64 orphans = 1; orphans > 0;) {
+      orphans = delete_orphans(table, batch_size);
+      total += orphans;
+      pg_call([] { CHECK_FOR_INTERRUPTS(); });
+    }
     Batch batch;
     do {
       batch = delete_batch(table, now, batch.last_expiry, batch_size);

@@ -1,13 +1,13 @@
 // Deleting expired keys: the batch statement shared by idempotency_cleanup() and the
 // background worker (cleanup_worker.cpp).
 //
-// One batch is one statement: it locks up to batch_size rows with expires_at <= now in
-// index order, skipping rows another transaction has locked (a claim renewing the key, the
-// holder finishing), deletes exactly those, and reports how many it deleted and the
-// largest expires_at among them. The next batch starts from that expires_at, so a run over
-// a million expired keys reads each index entry about once instead of rescanning the dead
-// entries that earlier batches left at the start of the index. Rows skipped because they
-// were locked are left for the next run: a claim that holds such a row is renewing it.
+// Both run as the extension owner (caller::ActingAsOwner). One batch is one statement: it locks up
+// to batch_size rows with expires_at <= now in index order, skipping rows another transaction has
+// locked (a claim renewing the key, the holder finishing), deletes exactly those, and reports how
+// many it deleted and the largest expires_at among them. The next batch starts from that
+// expires_at, so a run over a million expired keys reads each index entry about once instead of
+// rescanning the dead entries that earlier batches left at the start of the index. Rows skipped
+// because they were locked are left for the next run: a claim that holds such a row is renewing it.
 #pragma once
 
 #include "pg.hpp"
@@ -24,10 +24,10 @@ struct Batch {
 // caller (computed in C++: no volatile function in the DML).
 Batch delete_batch(Oid table, TimestampTz now, TimestampTz from, int batch_size);
 
-// The extension's idempotency_keys table in the current database, found through
-// pg_extension (for a caller that has no function of the extension at hand, the worker);
-// InvalidOid when the extension is not installed. Needs an open SPI connection and a
-// snapshot.
-Oid installed_table();
+// Deletes up to `batch_size` keys whose owner no longer exists (a dropped role's keys are
+// never handed to another role: a role created later may get the same OID). Walks the
+// distinct owners along the primary key, a few index descents per role. Needs an open SPI
+// connection; returns how many it deleted.
+uint64 delete_orphans(Oid table, int batch_size);
 
 }  // namespace idem::cleanup

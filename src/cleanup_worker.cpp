@@ -22,6 +22,7 @@
 
 #include <sys/resource.h>
 
+#include "caller.hpp"
 #include "cleanup.hpp"
 #include "gucs.hpp"
 #include "pg_boundary.hpp"
@@ -259,23 +260,56 @@ void launcher_main() {
 // The database worker
 // ---------------------------------------------------------------------------------------
 
-// Runs `body` in its own transaction with an SPI connection and a fresh snapshot, all
-// released before returning (worker_spi's pattern).
+// Runs `body(table)` in its own transaction with an SPI connection and a fresh snapshot, all
+// released before returning (worker_spi's pattern). The installation is looked up and
+// checked in every transaction (caller.hpp), and the body runs as its owner under
+// SECURITY_RESTRICTED_OPERATION: the worker itself is the bootstrap superuser, and no
+// statement of a round may run as that. False when the extension is not installed.
 template <typename Body>
-void in_transaction(const char* activity, Body&& body) {
+bool as_owner_in_transaction(const char* activity, Body&& body) {
   pg_call([&] {
     SetCurrentStatementStartTimestamp();
     StartTransactionCommand();
-    if (SPI_connect() != SPI_OK_CONNECT) elog(ERROR, "SPI_connect failed");
     PushActiveSnapshot(GetTransactionSnapshot());
     pgstat_report_activity(STATE_RUNNING, activity);
   });
-  body();
+  std::optional<caller::Installation> installation = caller::of_database();
+  if (installation) {
+    caller::ActingAsOwner acting(*installation);
+    pg_call([] {
+      if (SPI_connect() != SPI_OK_CONNECT) elog(ERROR, "SPI_connect failed");
+    });
+    body(installation->table);
+    pg_call([] { SPI_finish(); });
+  }
   pg_call([] {
     PopActiveSnapshot();
-    SPI_finish();
     CommitTransactionCommand();
     pgstat_report_activity(STATE_IDLE, nullptr);
+  });
+  return installation.has_value();
+}
+
+// The pause after a full batch, and a chance to stop.
+void pause_after(bool full, TimestampTz batch_start) {
+  // Between two full batches, a pause like vacuum's cost delay: deleting a backlog of
+  // millions of keys takes CPU and writes WAL (a full-page image for every page touched
+  // first after a checkpoint) that the sessions' commits would otherwise flush along
+  // with their own. The pause is idempotency.cleanup_delay, or as long as the batch
+  // took if that is longer: the worker works at most half of the time, and backs off
+  // further when a busy server makes its batches slow.
+  const int64 batch_ms = (GetCurrentTimestamp() - batch_start) / 1000;
+  int delay_ms = 0;
+  if (full && gucs::cleanup_delay_ms > 0)
+    delay_ms =
+        static_cast<int>(std::min<int64>(std::max<int64>(gucs::cleanup_delay_ms, batch_ms), 1000));
+  pg_call([&] {
+    if (delay_ms > 0) {
+      (void)WaitLatch(MyLatch, WL_LATCH_SET | WL_TIMEOUT | WL_EXIT_ON_PM_DEATH, delay_ms,
+                      PG_WAIT_EXTENSION);
+      ResetLatch(MyLatch);
+    }
+    CHECK_FOR_INTERRUPTS();
   });
 }
 
@@ -288,46 +322,41 @@ void run_round() noexcept {
   TimestampTz resume_from = DT_NOBEGIN;
   std::string failure;
   try {
-    Oid table = InvalidOid;
-    in_transaction("idempotency cleanup: looking for the extension",
-                   [&] { table = cleanup::installed_table(); });
-    installed = OidIsValid(table);
-    if (!installed || RecoveryInProgress()) return;
+    if (RecoveryInProgress()) return;
     const int batch_size = gucs::cleanup_batch_size;
     // Keys that expire during the round are left to the next one: the round ends.
     const TimestampTz now = GetCurrentTimestamp();
+    // Keys of dropped roles first (usually none: a few index descents).
+    bool full = false;
+    do {
+      const TimestampTz batch_start = GetCurrentTimestamp();
+      uint64 orphans = 0;
+      installed = as_owner_in_transaction(
+          "idempotency cleanup: deleting keys of dropped roles",
+          [&](Oid table) { orphans = cleanup::delete_orphans(table, batch_size); });
+      if (!installed) return;
+      deleted += orphans;
+      full = orphans >= static_cast<uint64>(batch_size);
+      pause_after(full, batch_start);
+    } while (full && GetCurrentTimestamp() - now < kRoundMicroseconds);
     cleanup::Batch batch;
     // After an unfinished round, go on where it stopped instead of walking again over the
     // index entries of the keys it deleted (dead until VACUUM).
     batch.last_expiry = stats::resume_point(MyDatabaseId);
-    bool full = false;
-    do {
-      const TimestampTz batch_start = GetCurrentTimestamp();
-      in_transaction("idempotency cleanup: deleting a batch of expired keys", [&] {
-        batch = cleanup::delete_batch(table, now, batch.last_expiry, batch_size);
-      });
-      deleted += batch.deleted;
-      full = batch.deleted >= static_cast<uint64>(batch_size);
-      // Between two full batches, a pause like vacuum's cost delay: deleting a backlog of
-      // millions of keys takes CPU and writes WAL (a full-page image for every page touched
-      // first after a checkpoint) that the sessions' commits would otherwise flush along
-      // with their own. The pause is idempotency.cleanup_delay, or as long as the batch
-      // took if that is longer: the worker works at most half of the time, and backs off
-      // further when a busy server makes its batches slow.
-      const int64 batch_ms = (GetCurrentTimestamp() - batch_start) / 1000;
-      int delay_ms = 0;
-      if (full && gucs::cleanup_delay_ms > 0)
-        delay_ms = static_cast<int>(
-            std::min<int64>(std::max<int64>(gucs::cleanup_delay_ms, batch_ms), 1000));
-      pg_call([&] {
-        if (delay_ms > 0) {
-          (void)WaitLatch(MyLatch, WL_LATCH_SET | WL_TIMEOUT | WL_EXIT_ON_PM_DEATH, delay_ms,
-                          PG_WAIT_EXTENSION);
-          ResetLatch(MyLatch);
-        }
-        CHECK_FOR_INTERRUPTS();
-      });
-    } while (full && GetCurrentTimestamp() - now < kRoundMicroseconds);
+    // With the dropped roles' keys done, the expired ones.
+    if (!full) {
+      do {
+        const TimestampTz batch_start = GetCurrentTimestamp();
+        installed = as_owner_in_transaction(
+            "idempotency cleanup: deleting a batch of expired keys", [&](Oid table) {
+              batch = cleanup::delete_batch(table, now, batch.last_expiry, batch_size);
+            });
+        if (!installed) return;
+        deleted += batch.deleted;
+        full = batch.deleted >= static_cast<uint64>(batch_size);
+        pause_after(full, batch_start);
+      } while (full && GetCurrentTimestamp() - now < kRoundMicroseconds);
+    }
     unfinished = full;
     resume_from = batch.last_expiry;
   } catch (PgError& e) {

@@ -6,48 +6,10 @@
 // have different binary forms). Every token is tagged and length-prefixed, so no two
 // different documents can produce the same stream.
 #include "pg_boundary.hpp"
+#include "sha256.hpp"
 
 namespace idem::fingerprint {
 namespace {
-
-// RAII owner of a PostgreSQL SHA-256 context.
-class Sha256 {
- public:
-  Sha256() {
-    context_ = pg_cryptohash_create(PG_SHA256);
-    if (context_ == nullptr || pg_cryptohash_init(context_) < 0)
-      throw Error(ERRCODE_OUT_OF_MEMORY, "could not initialize SHA-256");
-  }
-  ~Sha256() { pg_cryptohash_free(context_); }
-  Sha256(const Sha256&) = delete;
-  Sha256& operator=(const Sha256&) = delete;
-  Sha256(Sha256&&) = delete;
-  Sha256& operator=(Sha256&&) = delete;
-
-  void update(const void* data, size_t length) {
-    if (pg_cryptohash_update(context_, static_cast<const uint8*>(data), length) < 0)
-      throw Error(ERRCODE_INTERNAL_ERROR, "could not compute SHA-256");
-  }
-  // A token: one tag byte, a 4-byte length, the bytes.
-  void token(char tag, const void* data, uint32_t length) {
-    uint8_t header[5] = {static_cast<uint8_t>(tag), static_cast<uint8_t>(length >> 24),
-                         static_cast<uint8_t>(length >> 16), static_cast<uint8_t>(length >> 8),
-                         static_cast<uint8_t>(length)};
-    update(header, sizeof header);
-    if (length > 0) update(data, length);
-  }
-  bytea* finish() {
-    auto* result = static_cast<bytea*>(palloc(VARHDRSZ + PG_SHA256_DIGEST_LENGTH));
-    SET_VARSIZE(result, VARHDRSZ + PG_SHA256_DIGEST_LENGTH);
-    if (pg_cryptohash_final(context_, reinterpret_cast<uint8*>(VARDATA(result)),
-                            PG_SHA256_DIGEST_LENGTH) < 0)
-      throw Error(ERRCODE_INTERNAL_ERROR, "could not compute SHA-256");
-    return result;
-  }
-
- private:
-  pg_cryptohash_ctx* context_;
-};
 
 void hash_scalar(Sha256& sha, const JsonbValue& value) {
   switch (value.type) {

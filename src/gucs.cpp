@@ -10,6 +10,10 @@ int default_ttl_seconds = 24 * 60 * 60;
 int default_lease_seconds = 5 * 60;
 int max_key_length = 255;
 int max_response_size = 1024 * 1024;
+int max_ttl_seconds = 30 * 24 * 60 * 60;
+int max_lease_seconds = 24 * 60 * 60;
+int max_fingerprint_size = 64;
+int max_recovery_point_size = 1024;
 int cleanup_interval_ms = 60 * 1000;
 int cleanup_batch_size = 5000;
 int cleanup_delay_ms = 5;
@@ -40,11 +44,30 @@ void define() {
       &default_lease_seconds, 5 * 60, 1, INT_MAX, PGC_USERSET, GUC_UNIT_S, nullptr, nullptr,
       nullptr);
   DefineCustomIntVariable("idempotency.max_key_length", "Longest accepted key, in bytes.", nullptr,
-                          &max_key_length, 255, 1, 8192, PGC_SUSET, 0, nullptr, nullptr, nullptr);
+                          &max_key_length, 255, 1, kKeyLengthCeiling, PGC_SUSET, 0, nullptr,
+                          nullptr, nullptr);
   DefineCustomIntVariable("idempotency.max_response_size",
                           "Largest accepted stored response (jsonb), in bytes.", nullptr,
                           &max_response_size, 1024 * 1024, 1, MaxAllocSize / 2, PGC_SUSET,
                           GUC_UNIT_BYTE, nullptr, nullptr, nullptr);
+  // Every role that may call claim_key stores rows in a table it does not own: each value
+  // is bounded, and the bounds are for superusers to set (PGC_SUSET).
+  DefineCustomIntVariable("idempotency.max_ttl", "Longest ttl a claim may ask for.",
+                          "Also bounds idempotency.default_ttl, which any role can set.",
+                          &max_ttl_seconds, 30 * 24 * 60 * 60, 1, INT_MAX, PGC_SUSET, GUC_UNIT_S,
+                          nullptr, nullptr, nullptr);
+  DefineCustomIntVariable(
+      "idempotency.max_lease", "Longest lease a claim or checkpoint may ask for.",
+      "Also bounds idempotency.default_lease, which any role can set.", &max_lease_seconds,
+      24 * 60 * 60, 1, INT_MAX, PGC_SUSET, GUC_UNIT_S, nullptr, nullptr, nullptr);
+  DefineCustomIntVariable("idempotency.max_fingerprint_size",
+                          "Largest accepted request fingerprint, in bytes.",
+                          "request_fingerprint() gives 32 bytes (SHA-256).", &max_fingerprint_size,
+                          64, 1, 1024, PGC_SUSET, GUC_UNIT_BYTE, nullptr, nullptr, nullptr);
+  DefineCustomIntVariable("idempotency.max_recovery_point_size",
+                          "Largest accepted recovery point of checkpoint_key, in bytes.", nullptr,
+                          &max_recovery_point_size, 1024, 1, 1024 * 1024, PGC_SUSET, GUC_UNIT_BYTE,
+                          nullptr, nullptr, nullptr);
   DefineCustomIntVariable("idempotency.cleanup_interval",
                           "Time between two cleanup rounds of the background worker.", nullptr,
                           &cleanup_interval_ms, 60 * 1000, 100, 24 * 60 * 60 * 1000, PGC_SIGHUP,

@@ -11,6 +11,15 @@ extern int default_ttl_seconds;
 extern int default_lease_seconds;
 extern int max_key_length;
 extern int max_response_size;
+// Upper bounds of what one role may store (SPEC §7): superuser-only settings.
+extern int max_ttl_seconds;
+extern int max_lease_seconds;
+extern int max_fingerprint_size;
+extern int max_recovery_point_size;
+
+// The largest key (and scope) length a superuser may allow: the primary key entry
+// (owner, scope, key) must fit a B-Tree page's item limit (2704 bytes with 8 kB pages).
+constexpr int kKeyLengthCeiling = 1024;
 
 // Read by the cleanup worker.
 extern int cleanup_interval_ms;

@@ -11,6 +11,7 @@ enum Column {
   kFingerprint,
   kAttempts,
   kTtl,
+  kLease,
   kCreatedAt,
   kExpiresAt,
   kLeaseToken,
@@ -38,6 +39,7 @@ constexpr ColumnSpec kColumns[kColumnCount] = {
     {"fingerprint", BYTEAOID, "bytea", false},
     {"attempts", INT4OID, "integer", true},
     {"ttl", INTERVALOID, "interval", true},
+    {"lease", INTERVALOID, "interval", true},
     {"created_at", TIMESTAMPTZOID, "timestamptz", true},
     {"expires_at", TIMESTAMPTZOID, "timestamptz", true},
     {"lease_token", UUIDOID, "uuid", false},
@@ -51,7 +53,7 @@ constexpr ColumnSpec kColumns[kColumnCount] = {
 // The column behind each RowColumn of key_row.hpp (index 0 unused).
 constexpr Column kRowColumnSource[] = {
     kStatus,     kStatus,      kOwner,    kFingerprint, kResponse,  kResponseCode, kRecoveryPoint,
-    kLeaseToken, kLockedUntil, kAttempts, kTtl,         kCreatedAt, kExpiresAt};
+    kLeaseToken, kLockedUntil, kAttempts, kTtl,         kCreatedAt, kExpiresAt,    kLease};
 
 constexpr int kMaxIndexes = 8;
 constexpr int kMaxAttributes = 64;  // live and dropped columns of the table
@@ -93,12 +95,13 @@ struct LayoutCheck {
   int column = 0;
 };
 
+// The key's identity (owner, scope, key), scope and key compared bytewise.
 bool is_our_primary_key(Relation index, const Layout& l) {
   const Form_pg_index form = index->rd_index;
-  return form->indisprimary && form->indnkeyatts == 2 &&
-         form->indkey.values[0] == l.attnum[kScope] && form->indkey.values[1] == l.attnum[kKey] &&
-         index->rd_indcollation[0] == C_COLLATION_OID &&
-         index->rd_indcollation[1] == C_COLLATION_OID;
+  return form->indisprimary && form->indnkeyatts == 3 &&
+         form->indkey.values[0] == l.attnum[kOwner] && form->indkey.values[1] == l.attnum[kScope] &&
+         form->indkey.values[2] == l.attnum[kKey] && index->rd_indcollation[1] == C_COLLATION_OID &&
+         index->rd_indcollation[2] == C_COLLATION_OID;
 }
 
 // Fills `l` from the open table.
@@ -186,8 +189,9 @@ void load_layout(Relation table) {
                                                  "\" of idempotency_keys is not of type " +
                                                  kColumns[check.column].type_name);
     case LayoutProblem::kPrimaryKey:
-      throw Error(ERRCODE_UNDEFINED_OBJECT,
-                  "idempotency_keys lacks its primary key (scope, key) with collation \"C\"");
+      throw Error(
+          ERRCODE_UNDEFINED_OBJECT,
+          "idempotency_keys lacks its primary key (owner, scope, key) with collation \"C\"");
     case LayoutProblem::kNone:
       break;
   }
@@ -208,18 +212,19 @@ bool needs_executor(Relation table) {
   return constraints->num_check > 0 || constraints->has_generated_stored;
 }
 
-// Looks up (scope, key) in the primary key with `snapshot`, leaving the row in `slot`.
-bool probe(Relation table, Relation primary_key, Snapshot snapshot, text* scope, text* key,
-           TupleTableSlot* slot) {
-  ScanKeyData keys[2];
-  ScanKeyInit(&keys[0], 1, BTEqualStrategyNumber, F_TEXTEQ, PointerGetDatum(scope));
-  ScanKeyInit(&keys[1], 2, BTEqualStrategyNumber, F_TEXTEQ, PointerGetDatum(key));
+// Looks up (owner, scope, key) in the primary key with `snapshot`, leaving the row in `slot`.
+bool probe(Relation table, Relation primary_key, Snapshot snapshot, Oid owner, text* scope,
+           text* key, TupleTableSlot* slot) {
+  ScanKeyData keys[3];
+  ScanKeyInit(&keys[0], 1, BTEqualStrategyNumber, F_OIDEQ, ObjectIdGetDatum(owner));
+  ScanKeyInit(&keys[1], 2, BTEqualStrategyNumber, F_TEXTEQ, PointerGetDatum(scope));
+  ScanKeyInit(&keys[2], 3, BTEqualStrategyNumber, F_TEXTEQ, PointerGetDatum(key));
 #if PG_VERSION_NUM >= 180000  // index_beginscan gained an instrumentation argument
-  IndexScanDesc scan = index_beginscan(table, primary_key, snapshot, nullptr, 2, 0);
+  IndexScanDesc scan = index_beginscan(table, primary_key, snapshot, nullptr, 3, 0);
 #else
-  IndexScanDesc scan = index_beginscan(table, primary_key, snapshot, 2, 0);
+  IndexScanDesc scan = index_beginscan(table, primary_key, snapshot, 3, 0);
 #endif
-  index_rescan(scan, keys, 2, nullptr, 0);
+  index_rescan(scan, keys, 3, nullptr, 0);
   bool found = index_getnext_slot(scan, ForwardScanDirection, slot);
   index_endscan(scan);
   return found;
@@ -260,6 +265,9 @@ bool open_writer(Writer& writer, Oid table, AclMode privileges, const char* comm
     writer.table = table_open(table, RowExclusiveLock);
   });
   if (layout.table != table) load_layout(writer.table);
+  // Table work always runs as the extension owner (caller::ActingAsOwner), so GetUserId()
+  // is that owner here: the check matters only if a superuser revoked the owner's own rights,
+  // and then the executor reports the refusal.
   bool direct = pg_call([&] {
     return !needs_executor(writer.table) &&
            pg_class_aclmask(table, GetUserId(), privileges, ACLMASK_ALL) == privileges;
@@ -342,7 +350,9 @@ bool available() {
   return without_citus;
 }
 
-std::optional<KeyRow> find(Oid table, text* scope, text* key, MemoryContext context) {
+std::optional<KeyRow> find(Oid table, Oid owner, text* scope, text* key, MemoryContext context) {
+  // No privilege check, unlike the writes: every caller acts as the extension owner, who owns
+  // the table (caller.hpp); the caller's own rights are never what reads it.
   // The lock an INSERT takes (claim_key may write next): the write then finds its locks
   // already held, instead of taking a second mode of each.
   Relation relation = pg_call([&] { return table_open(table, RowExclusiveLock); });
@@ -352,7 +362,7 @@ std::optional<KeyRow> find(Oid table, text* scope, text* key, MemoryContext cont
   bool found = pg_call([&] {
     Relation primary_key = index_open(layout.primary_key, RowExclusiveLock);
     slot = table_slot_create(relation, nullptr);
-    bool hit = probe(relation, primary_key, GetActiveSnapshot(), scope, key, slot);
+    bool hit = probe(relation, primary_key, GetActiveSnapshot(), owner, scope, key, slot);
     index_close(primary_key, NoLock);
     return hit;
   });
@@ -378,7 +388,7 @@ InsertResult insert(Oid table, text* scope, text* key, const ClaimValues& claim,
     TupleTableSlot* slot = table_slot_create(writer.table, nullptr);
     SnapshotData dirty;
     InitDirtySnapshot(dirty);
-    bool exists = probe(writer.table, primary_key, &dirty, scope, key, slot);
+    bool exists = probe(writer.table, primary_key, &dirty, claim.owner, scope, key, slot);
     bool conflict = exists && serialization_conflict(writer.table, slot);
     ExecDropSingleTupleTableSlot(slot);
     // As INSERT .. ON CONFLICT does: a transaction-snapshot transaction cannot decide from a
@@ -404,6 +414,7 @@ InsertResult insert(Oid table, text* scope, text* key, const ClaimValues& claim,
     if (claim.fingerprint != nullptr) set(kFingerprint, PointerGetDatum(claim.fingerprint));
     set(kAttempts, Int32GetDatum(1));
     set(kTtl, IntervalPGetDatum(&claim.ttl));
+    set(kLease, IntervalPGetDatum(&claim.lease));
     set(kCreatedAt, TimestampTzGetDatum(claim.now));
     set(kExpiresAt, TimestampTzGetDatum(claim.expires_at));
     set(kLeaseToken, UUIDPGetDatum(&claim.token));

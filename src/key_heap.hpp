@@ -28,13 +28,13 @@ using key_store::Outcome;
 // an empty shell, and nothing here may be used.
 bool available();
 
-// The row of (scope, key) visible to the calling statement's snapshot; varlena values are
-// copied into `context`.
-std::optional<KeyRow> find(Oid table, text* scope, text* key, MemoryContext context);
+// The row of (owner, scope, key) visible to the calling statement's snapshot; varlena
+// values are copied into `context`.
+std::optional<KeyRow> find(Oid table, Oid owner, text* scope, text* key, MemoryContext context);
 
 enum class InsertResult { kInserted, kExists, kNeedsExecutor };
 
-// Inserts a fresh claim of (scope, key) unless any version of the key exists that a dirty
+// Inserts a fresh claim of (claim.owner, scope, key) unless any version of it exists that a dirty
 // snapshot sees (committed, or written by a transaction still open). The caller holds the
 // key lock. `where` receives the new row's address.
 InsertResult insert(Oid table, text* scope, text* key, const ClaimValues& claim,

@@ -20,6 +20,7 @@ struct KeyRow {
   std::optional<TimestampTz> locked_until;
   int32 attempts;
   Interval ttl;
+  Interval lease;  // the lease the claim was made with (checkpoint_key renews by it)
   TimestampTz created_at;
   TimestampTz expires_at;
 };
@@ -33,6 +34,7 @@ struct ClaimValues {
   TimestampTz locked_until;
   TimestampTz expires_at;
   Interval ttl;
+  Interval lease;
 };
 
 // The stored outcome of a completion.
@@ -65,12 +67,22 @@ enum RowColumn {
   kRowTtl,
   kRowCreatedAt,
   kRowExpiresAt,
+  kRowLease,
 };
 
 // Builds a KeyRow from `column(number, &is_null)` (numbers of RowColumn; the status is
 // passed as `completed`), copying varlena values into `context` so they outlive the scan.
+// A NULL where the table has NOT NULL is refused, never dereferenced.
 template <typename ColumnReader>
 KeyRow decode_columns(ColumnReader&& column, bool completed, MemoryContext context) {
+  auto required = [&](int number) {
+    bool is_null = false;
+    Datum value = column(number, &is_null);
+    if (is_null)
+      throw Error(ERRCODE_NOT_NULL_VIOLATION, "idempotency_keys holds a NULL where none may be",
+                  "Column " + std::to_string(number) + " of the key row is NULL.");
+    return value;
+  };
   auto copy_varlena = [&](int number) -> struct varlena* {
     bool is_null = false;
     Datum value = column(number, &is_null);
@@ -85,7 +97,7 @@ KeyRow decode_columns(ColumnReader&& column, bool completed, MemoryContext conte
   KeyRow row{};
   bool is_null = false;
   row.completed = completed;
-  row.owner = DatumGetObjectId(column(kRowOwner, &is_null));
+  row.owner = DatumGetObjectId(required(kRowOwner));
   row.fingerprint = reinterpret_cast<bytea*>(copy_varlena(kRowFingerprint));
   row.response = reinterpret_cast<Jsonb*>(copy_varlena(kRowResponse));
   Datum code = column(kRowResponseCode, &is_null);
@@ -95,10 +107,11 @@ KeyRow decode_columns(ColumnReader&& column, bool completed, MemoryContext conte
   if (!is_null) row.lease_token = *DatumGetUUIDP(token);
   Datum locked_until = column(kRowLockedUntil, &is_null);
   if (!is_null) row.locked_until = DatumGetTimestampTz(locked_until);
-  row.attempts = DatumGetInt32(column(kRowAttempts, &is_null));
-  row.ttl = *DatumGetIntervalP(column(kRowTtl, &is_null));
-  row.created_at = DatumGetTimestampTz(column(kRowCreatedAt, &is_null));
-  row.expires_at = DatumGetTimestampTz(column(kRowExpiresAt, &is_null));
+  row.attempts = DatumGetInt32(required(kRowAttempts));
+  row.ttl = *DatumGetIntervalP(required(kRowTtl));
+  row.lease = *DatumGetIntervalP(required(kRowLease));
+  row.created_at = DatumGetTimestampTz(required(kRowCreatedAt));
+  row.expires_at = DatumGetTimestampTz(required(kRowExpiresAt));
   return row;
 }
 

@@ -11,9 +11,17 @@ namespace {
 // The columns of a KeyRow, in the order of RowColumn (key_row.hpp).
 constexpr const char* kRowColumns =
     "status OPERATOR(pg_catalog.=) 'completed', owner, fingerprint, response, response_code, "
-    "recovery_point, lease_token, locked_until, attempts, ttl, created_at, expires_at";
+    "recovery_point, lease_token, locked_until, attempts, ttl, created_at, expires_at, lease";
+// The type of each column of kRowColumns: a result of another shape is refused before a
+// value of it is read (a statement re-planned against something else must never have its
+// values taken for ours).
+constexpr Oid kRowColumnTypes[] = {
+    BOOLOID,        REGROLEOID, BYTEAOID,    JSONBOID,       INT4OID,        TEXTOID,    UUIDOID,
+    TIMESTAMPTZOID, INT4OID,    INTERVALOID, TIMESTAMPTZOID, TIMESTAMPTZOID, INTERVALOID};
+// A key is (owner, scope, key): $1 scope, $2 key, and the owner where each statement has it.
 constexpr const char* kWhereKey =
     "scope OPERATOR(pg_catalog.=) $1 AND key OPERATOR(pg_catalog.=) $2";
+constexpr const char* kAndOwner3 = " AND owner OPERATOR(pg_catalog.=) $3";
 // The fence of complete / release / checkpoint: the token holds a live processing row of
 // the same owner ($5 is "now" in all three statements).
 constexpr const char* kWhereHolder =
@@ -39,42 +47,43 @@ struct PlanSpec {
 
 PlanSpec spec_of(PlanId id, const std::string& table) {
   const std::string select =
-      std::string("SELECT ") + kRowColumns + " FROM " + table + " WHERE " + kWhereKey;
+      std::string("SELECT ") + kRowColumns + " FROM " + table + " WHERE " + kWhereKey + kAndOwner3;
   const std::string returning = std::string(" RETURNING ") + kRowColumns;
   const std::string fence = std::string(kWhereKey) + kWhereHolder;
   // Parameters of a claim: $1 scope, $2 key, $3 owner, $4 fingerprint, $5 ttl, $6 now,
-  // $7 expires_at, $8 token, $9 locked_until.
-  const std::vector<Oid> claim_types = {TEXTOID,        TEXTOID,     REGROLEOID,
-                                        BYTEAOID,       INTERVALOID, TIMESTAMPTZOID,
-                                        TIMESTAMPTZOID, UUIDOID,     TIMESTAMPTZOID};
+  // $7 expires_at, $8 token, $9 locked_until, $10 lease.
+  const std::vector<Oid> claim_types = {TEXTOID,        TEXTOID,        REGROLEOID,     BYTEAOID,
+                                        INTERVALOID,    TIMESTAMPTZOID, TIMESTAMPTZOID, UUIDOID,
+                                        TIMESTAMPTZOID, INTERVALOID};
+  const std::vector<Oid> key_types = {TEXTOID, TEXTOID, REGROLEOID};
   const std::vector<Oid> fence_types = {TEXTOID, TEXTOID, UUIDOID, REGROLEOID, TIMESTAMPTZOID};
   switch (id) {
     case kFind:
-      return {select, {TEXTOID, TEXTOID}};
+      return {select, key_types};
     case kLock:
-      return {select + " FOR UPDATE SKIP LOCKED", {TEXTOID, TEXTOID}};
+      return {select + " FOR UPDATE SKIP LOCKED", key_types};
     case kInsert:
       return {"INSERT INTO " + table +
-                  " (scope, key, owner, fingerprint, attempts, ttl, created_at, expires_at,"
+                  " (owner, scope, key, fingerprint, attempts, ttl, lease, created_at, expires_at,"
                   " lease_token, locked_until, status, updated_at)"
-                  " VALUES ($1, $2, $3, $4, 1, $5, $6, $7, $8, $9, 'processing', $6)"
-                  " ON CONFLICT (scope, key) DO NOTHING",
+                  " VALUES ($3, $1, $2, $4, 1, $5, $10, $6, $7, $8, $9, 'processing', $6)"
+                  " ON CONFLICT (owner, scope, key) DO NOTHING",
               claim_types};
     case kRestart:
       return {"UPDATE " + table +
-                  " SET owner = $3, fingerprint = $4, attempts = 1, ttl = $5, created_at = $6,"
+                  " SET fingerprint = $4, attempts = 1, ttl = $5, lease = $10, created_at = $6,"
                   " expires_at = $7, lease_token = $8, locked_until = $9, recovery_point = NULL,"
                   " status = 'processing', response_code = NULL, updated_at = $6, response = NULL"
                   " WHERE " +
-                  kWhereKey,
+                  kWhereKey + kAndOwner3,
               claim_types};
     case kReclaim:
       return {"UPDATE " + table +
                   " SET fingerprint = COALESCE(fingerprint, $4),"
-                  " attempts = attempts OPERATOR(pg_catalog.+) 1, ttl = $5, expires_at = $7,"
-                  " lease_token = $8, locked_until = $9, updated_at = $6"
+                  " attempts = attempts OPERATOR(pg_catalog.+) 1, ttl = $5, lease = $10,"
+                  " expires_at = $7, lease_token = $8, locked_until = $9, updated_at = $6"
                   " WHERE " +
-                  kWhereKey + " AND owner OPERATOR(pg_catalog.=) $3" + returning,
+                  kWhereKey + kAndOwner3 + returning,
               claim_types};
     case kComplete:
       // Only columns at the end of the row change (and expires_at keeps its value in the
@@ -145,6 +154,14 @@ uint64 run(PlanId id, Datum* values, const char* nulls, bool read_only, long lim
 KeyRow decode(uint64 index, MemoryContext context) {
   HeapTuple tuple = SPI_tuptable->vals[index];
   TupleDesc desc = SPI_tuptable->tupdesc;
+  constexpr int kColumns = sizeof kRowColumnTypes / sizeof kRowColumnTypes[0];
+  bool shaped = desc->natts == kColumns;
+  for (int i = 0; shaped && i < kColumns; ++i)
+    shaped = TupleDescAttr(desc, i)->atttypid == kRowColumnTypes[i];
+  if (!shaped)
+    throw Error(ERRCODE_DATATYPE_MISMATCH,
+                "a statement on idempotency_keys returned columns of unexpected types", {},
+                "Drop and create the extension idempotency again.");
   auto column = [&](int number, bool* is_null) {
     return SPI_getbinval(tuple, desc, number, is_null);
   };
@@ -161,18 +178,6 @@ char null_flag(const void* pointer) {
 
 }  // namespace
 
-Oid table_of(Oid function) {
-  Oid table = pg_call([&] {
-    Oid schema = get_func_namespace(function);
-    return OidIsValid(schema) ? get_relname_relid("idempotency_keys", schema) : InvalidOid;
-  });
-  if (!OidIsValid(table))
-    throw Error(ERRCODE_UNDEFINED_TABLE,
-                "idempotency_keys does not exist in the extension's schema", {},
-                "Drop and create the extension idempotency again.");
-  return table;
-}
-
 std::string qualified_name(Oid table) {
   return pg_call([&] {
     return static_cast<const char*>(quote_qualified_identifier(
@@ -180,8 +185,7 @@ std::string qualified_name(Oid table) {
   });
 }
 
-Session::Session(Oid calling_function)
-    : caller_context_(CurrentMemoryContext), table_(table_of(calling_function)) {}
+Session::Session(Oid table) : caller_context_(CurrentMemoryContext), table_(table) {}
 
 void Session::connect() {
   if (connected_) return;
@@ -207,20 +211,20 @@ void Session::finish() {
   pg_call([] { SPI_finish(); });
 }
 
-std::optional<KeyRow> Session::peek(text* scope, text* key) {
-  if (!key_heap::available() || !ActiveSnapshotSet()) return find(scope, key, false);
-  return key_heap::find(table_, scope, key, caller_context_);
+std::optional<KeyRow> Session::peek(Oid owner, text* scope, text* key) {
+  if (!key_heap::available() || !ActiveSnapshotSet()) return find(owner, scope, key, false);
+  return key_heap::find(table_, owner, scope, key, caller_context_);
 }
 
-std::optional<KeyRow> Session::find(text* scope, text* key, bool fresh_snapshot) {
-  Datum values[] = {PointerGetDatum(scope), PointerGetDatum(key)};
+std::optional<KeyRow> Session::find(Oid owner, text* scope, text* key, bool fresh_snapshot) {
+  Datum values[] = {PointerGetDatum(scope), PointerGetDatum(key), ObjectIdGetDatum(owner)};
   bool read_only = !fresh_snapshot && ActiveSnapshotSet();
   if (execute(kFind, values, nullptr, read_only, 1) == 0) return std::nullopt;
   return decode(0, caller_context_);
 }
 
-std::optional<KeyRow> Session::lock(text* scope, text* key) {
-  Datum values[] = {PointerGetDatum(scope), PointerGetDatum(key)};
+std::optional<KeyRow> Session::lock(Oid owner, text* scope, text* key) {
+  Datum values[] = {PointerGetDatum(scope), PointerGetDatum(key), ObjectIdGetDatum(owner)};
   if (execute(kLock, values, nullptr, false, 1) == 0) return std::nullopt;
   return decode(0, caller_context_);
 }
@@ -238,12 +242,13 @@ void claim_parameters(text* scope, text* key, const ClaimValues& claim, Datum* v
   values[6] = TimestampTzGetDatum(claim.expires_at);
   values[7] = UUIDPGetDatum(&claim.token);
   values[8] = TimestampTzGetDatum(claim.locked_until);
+  values[9] = IntervalPGetDatum(&claim.lease);
 }
 }  // namespace
 
 uint64 Session::execute_claim(int plan, text* scope, text* key, const ClaimValues& claim) {
-  Datum values[9];
-  char nulls[] = "         ";
+  Datum values[10];
+  char nulls[] = "          ";
   claim_parameters(scope, key, claim, values, nulls);
   return execute(plan, values, nulls, false, 0);
 }

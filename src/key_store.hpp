@@ -9,11 +9,11 @@
 
 namespace idem::key_store {
 
-// One SPI connection for the duration of an SQL call. Opening it locates the table through
-// the schema of the calling function (never through search_path).
+// One SPI connection for the duration of an SQL call, on the installation's table (found and
+// checked by caller::of_function, never through search_path). Keys are (owner, scope, key).
 class Session {
  public:
-  explicit Session(Oid calling_function);
+  explicit Session(Oid table);
   ~Session();
   Session(const Session&) = delete;
   Session& operator=(const Session&) = delete;
@@ -26,13 +26,13 @@ class Session {
 
   // The first look at a key: the calling statement's snapshot, read by a direct primary
   // key probe where that is possible (not under Citus), else by SPI.
-  std::optional<KeyRow> peek(text* scope, text* key);
+  std::optional<KeyRow> peek(Oid owner, text* scope, text* key);
   // Plain MVCC read: no row lock, no write. With fresh_snapshot false it reads with the
   // calling statement's snapshot (cheaper; right for a first look), else with a new one
   // (needed to see commits while waiting).
-  std::optional<KeyRow> find(text* scope, text* key, bool fresh_snapshot = true);
+  std::optional<KeyRow> find(Oid owner, text* scope, text* key, bool fresh_snapshot = true);
   // Locks the newest version of the row, skipping it if another transaction has it locked.
-  std::optional<KeyRow> lock(text* scope, text* key);
+  std::optional<KeyRow> lock(Oid owner, text* scope, text* key);
   // Inserts a fresh claim; false when the key exists. `where` receives the new row's
   // address when it was written directly, else kNowhere.
   bool insert(text* scope, text* key, const ClaimValues& claim, RowAddress* where);
@@ -70,9 +70,6 @@ class Session {
 
 namespace idem::key_store {
 
-// The idempotency_keys table of the extension that owns `function` (found through the
-// function's schema); throws when the extension's table is missing.
-Oid table_of(Oid function);
 // "schema"."idempotency_keys", quoted for SQL text.
 std::string qualified_name(Oid table);
 
