@@ -244,6 +244,9 @@ cluster_start() {
     echo "shared_preload_libraries = 'idempotency'"
     echo "fsync = off"
     echo "max_prepared_transactions = 10"
+    # Test SQL calls the extension's functions (schema idempotency) unqualified; the demo
+    # and the examples do not rely on this.
+    echo "search_path = '\"\$user\", public, idempotency'"
     local line
     for line in "$@"; do echo "$line"; done
   } | as_pg tee -a "$dir/data/postgresql.conf" >/dev/null
