@@ -7,6 +7,11 @@ SELECT status, token IS NOT NULL AS has_token, attempts, response, retry_after,
        expires_at - created_at AS ttl
   FROM claim_key('order-1', request_fingerprint('{"amount": 100}'::jsonb), ttl => '1 hour');
 
+-- a ttl is one span with a month of 30 days, whatever the date: '1 mon' is 30 days,
+-- '1 mon -2 days 36 hours' 29.5 days (the lease, 5 min, is shorter: the expiry is the ttl's)
+SELECT status, expires_at - created_at AS ttl FROM claim_key('month-ttl', ttl => '1 mon');
+SELECT status, expires_at - created_at AS ttl FROM claim_key('month-ttl-2', ttl => '1 mon -2 days 36 hours');
+
 -- in_progress: the key is held (committed claim, live lease)
 SELECT status, token, retry_after > '0' AND retry_after <= '5 min' AS retry_after_ok
   FROM claim_key('order-1', request_fingerprint('{"amount": 100}'::jsonb));

@@ -7,8 +7,8 @@ SET client_min_messages = warning;
 -- Rows written directly with chosen expiry times (superuser).
 CREATE FUNCTION pg_temp.add_keys(prefix text, n int, expires timestamptz, step interval DEFAULT '0')
 RETURNS void LANGUAGE sql AS $$
-  INSERT INTO idempotency_keys (key, owner, ttl, created_at, expires_at, updated_at)
-  SELECT prefix || g, 10, '1 hour', now() - interval '2 hours', expires + g * step, now()
+  INSERT INTO idempotency_keys (key, owner, ttl, lease, created_at, expires_at, updated_at)
+  SELECT prefix || g, 10, '1 hour', '5 min', now() - interval '2 hours', expires + g * step, now()
     FROM generate_series(1, n) g
 $$;
 
@@ -56,7 +56,21 @@ ROLLBACK;
 BEGIN;
 SELECT pg_temp.add_keys('path-', 5, now() - interval '1 hour');
 SET LOCAL search_path = pg_catalog;
-SELECT public.idempotency_cleanup() AS deleted_with_empty_search_path;
+SELECT idempotency.idempotency_cleanup() AS deleted_with_empty_search_path;
+ROLLBACK;
+
+-- keys of a dropped role go too, live or expired, in batches; other roles' live keys stay
+BEGIN;
+CREATE ROLE cleanup_regress_gone;
+SELECT pg_temp.add_keys('live-', 3, now() + interval '1 hour');
+INSERT INTO idempotency_keys (key, owner, ttl, lease, created_at, expires_at, updated_at)
+  SELECT 'orphan-' || g, 'cleanup_regress_gone'::regrole, '1 hour', '5 min', now(),
+         now() + CASE WHEN g % 2 = 0 THEN interval '1 hour' ELSE interval '-1 hour' END, now()
+    FROM generate_series(1, 30) g;
+DROP ROLE cleanup_regress_gone;
+SELECT idempotency_cleanup(7) AS deleted_keys_of_dropped_role;
+SELECT regexp_replace(key, '[0-9]+$', '') AS kind, count(*) FROM idempotency_keys
+ WHERE key ~ '^(live|orphan)-' GROUP BY 1 ORDER BY 1;
 ROLLBACK;
 
 -- bad batch sizes (22023)
@@ -66,10 +80,12 @@ SELECT idempotency_cleanup(-5);
 \set VERBOSITY default
 SELECT idempotency_cleanup(0);
 
--- not granted to PUBLIC (42501); a role it is granted to can run it
+-- not granted to PUBLIC (42501), even to a role with USAGE on the schema; a role it is
+-- granted to can run it
 CREATE ROLE cleanup_regress_user;
+GRANT USAGE ON SCHEMA idempotency TO cleanup_regress_user;
 SET ROLE cleanup_regress_user;
-\set VERBOSITY sqlstate
+\set VERBOSITY terse
 SELECT idempotency_cleanup();
 \set VERBOSITY default
 RESET ROLE;
@@ -80,6 +96,7 @@ SET LOCAL ROLE cleanup_regress_user;
 SELECT idempotency_cleanup() AS deleted_by_granted_role;
 ROLLBACK;
 REVOKE EXECUTE ON FUNCTION idempotency_cleanup(integer) FROM cleanup_regress_user;
+REVOKE USAGE ON SCHEMA idempotency FROM cleanup_regress_user;
 DROP ROLE cleanup_regress_user;
 
 -- the plan of the batch statement of src/cleanup.cpp (same text, operators unqualified):

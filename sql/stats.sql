@@ -42,8 +42,8 @@ SELECT delta FROM pg_temp.delta() WHERE counter = 'claimed';
 CREATE TEMP TABLE before_cleanup AS
   SELECT expired_deleted, cleanup_runs FROM idempotency_stats WHERE datname = current_database();
 BEGIN;
-INSERT INTO idempotency_keys (key, owner, ttl, created_at, expires_at, updated_at)
-  SELECT 'stats-old-' || g, 10, '1 hour', now() - interval '2 hours', now() - interval '1 hour', now()
+INSERT INTO idempotency_keys (key, owner, ttl, lease, created_at, expires_at, updated_at)
+  SELECT 'stats-old-' || g, 10, '1 hour', '5 min', now() - interval '2 hours', now() - interval '1 hour', now()
     FROM generate_series(1, 42) g;
 SELECT idempotency_cleanup() AS deleted;
 COMMIT;
@@ -58,8 +58,8 @@ CREATE FUNCTION refuse_delete() RETURNS trigger LANGUAGE plpgsql
   AS $$ BEGIN RAISE EXCEPTION 'no deletions today'; END $$;
 CREATE TRIGGER refuse BEFORE DELETE ON idempotency_keys
   FOR EACH ROW EXECUTE FUNCTION refuse_delete();
-INSERT INTO idempotency_keys (key, owner, ttl, created_at, expires_at, updated_at)
-  VALUES ('stats-stuck', 10, '1 hour', now() - interval '2 hours', now() - interval '1 hour', now());
+INSERT INTO idempotency_keys (key, owner, ttl, lease, created_at, expires_at, updated_at)
+  VALUES ('stats-stuck', 10, '1 hour', '5 min', now() - interval '2 hours', now() - interval '1 hour', now());
 \set VERBOSITY terse
 SELECT idempotency_cleanup();
 \set VERBOSITY default
@@ -80,16 +80,22 @@ SELECT last_error FROM idempotency_stats WHERE datname = current_database();
 SELECT count(*) FROM idempotency_keys WHERE key = 'stats-stuck';
 
 -- for superusers and pg_monitor members, like pg_stat_* (42501 for others)
+-- (without USAGE on the schema, and with it: the view and its function stay refused)
 CREATE ROLE stats_regress_user;
 SET ROLE stats_regress_user;
-\set VERBOSITY sqlstate
-SELECT count(*) FROM idempotency_stats;
-SELECT count(*) FROM idempotency_stats_rows();
+\set VERBOSITY terse
+SELECT count(*) FROM idempotency.idempotency_stats;
+RESET ROLE;
+GRANT USAGE ON SCHEMA idempotency TO stats_regress_user;
+SET ROLE stats_regress_user;
+SELECT count(*) FROM idempotency.idempotency_stats;
+SELECT count(*) FROM idempotency.idempotency_stats_rows();
 \set VERBOSITY default
 RESET ROLE;
+REVOKE USAGE ON SCHEMA idempotency FROM stats_regress_user;
 GRANT pg_monitor TO stats_regress_user;
 SET ROLE stats_regress_user;
-SELECT count(*) >= 1 AS visible FROM idempotency_stats WHERE datname = current_database();
+SELECT count(*) >= 1 AS visible FROM idempotency.idempotency_stats WHERE datname = current_database();
 RESET ROLE;
 DROP ROLE stats_regress_user;
 DELETE FROM idempotency_keys WHERE key LIKE 'stats-%';
