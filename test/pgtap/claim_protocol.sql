@@ -5,7 +5,7 @@
 \pset tuples_only on
 SET client_min_messages = warning;
 
-SELECT plan(113);
+SELECT plan(138);
 
 -------------------------------------------------------------------------------
 -- 1. A hostile search_path changes nothing (before any other call in this backend, so
@@ -18,8 +18,8 @@ CREATE OPERATOR hostile.= (LEFTARG = text, RIGHTARG = text, FUNCTION = hostile.t
 CREATE FUNCTION hostile.now() RETURNS timestamptz LANGUAGE sql AS $$SELECT '2000-01-01'::timestamptz$$;
 SET search_path = hostile, pg_catalog, public;
 CREATE TEMP TABLE hostile_run AS
-  SELECT 1 AS n, status FROM public.claim_key('sp-1')
-  UNION ALL SELECT 2, status FROM public.claim_key('sp-1');
+  SELECT 1 AS n, status FROM idempotency.claim_key('sp-1')
+  UNION ALL SELECT 2, status FROM idempotency.claim_key('sp-1');
 RESET search_path;
 SELECT is((SELECT status FROM hostile_run WHERE n = 1), 'claimed', 'hostile search_path: claim works');
 SELECT is((SELECT status FROM hostile_run WHERE n = 2), 'in_progress', 'hostile search_path: the duplicate is seen');
@@ -30,23 +30,46 @@ SELECT is((claim_key('sp-1')).status, 'in_progress', 'normal search_path afterwa
 -------------------------------------------------------------------------------
 -- 2. Objects
 -------------------------------------------------------------------------------
-SELECT has_table('idempotency_keys');
-SELECT col_is_pk('idempotency_keys', ARRAY['scope', 'key']);
+SELECT has_schema('idempotency', 'the extension has its own schema idempotency');
+SELECT is((SELECT rolsuper FROM pg_namespace n JOIN pg_roles r ON r.oid = n.nspowner WHERE nspname = 'idempotency'),
+          true, 'a superuser owns the schema');
+SELECT is((SELECT nspname::text FROM pg_extension e JOIN pg_namespace n ON n.oid = e.extnamespace
+            WHERE extname = 'idempotency'), 'idempotency', 'the extension is installed in it');
+SELECT is((SELECT count(*)::int FROM pg_depend d JOIN pg_extension e ON d.refobjid = e.oid AND e.extname = 'idempotency'
+            WHERE d.deptype = 'e' AND ((d.classid = 'pg_proc'::regclass
+                                        AND (SELECT pronamespace FROM pg_proc WHERE oid = d.objid) <> 'idempotency'::regnamespace)
+                                    OR (d.classid = 'pg_class'::regclass
+                                        AND (SELECT relnamespace FROM pg_class WHERE oid = d.objid) <> 'idempotency'::regnamespace)
+                                    OR (d.classid = 'pg_type'::regclass
+                                        AND (SELECT typnamespace FROM pg_type WHERE oid = d.objid) <> 'idempotency'::regnamespace))),
+          0, 'every function, table, view and type of the extension is in schema idempotency');
+SELECT ok(NOT has_schema_privilege('public', 'idempotency', 'USAGE'), 'PUBLIC has no USAGE on the schema');
+SELECT ok(has_schema_privilege('pg_monitor', 'idempotency', 'USAGE'), 'pg_monitor has USAGE on the schema');
+SELECT has_table('idempotency', 'idempotency_keys', 'idempotency.idempotency_keys exists');
+SELECT col_is_pk('idempotency', 'idempotency_keys', ARRAY['owner', 'scope', 'key'], 'the primary key is (owner, scope, key)');
+SELECT is((SELECT attname::text FROM pg_attribute WHERE attrelid = 'idempotency.idempotency_keys'::regclass AND attnum = 1),
+          'owner', 'owner is the first column');
+SELECT col_type_is('idempotency', 'idempotency_keys', 'owner', 'regrole', 'owner is a regrole');
+SELECT col_type_is('idempotency', 'idempotency_keys', 'lease', 'interval', 'lease is an interval');
+SELECT col_not_null('idempotency', 'idempotency_keys', 'lease', 'lease is NOT NULL');
 SELECT has_index('idempotency_keys', 'idempotency_keys_expires_at_idx', 'expires_at');
 SELECT has_column('idempotency_keys', c) FROM unnest(ARRAY['fingerprint', 'status', 'response',
   'response_code', 'recovery_point', 'lease_token', 'locked_until', 'attempts', 'owner',
-  'created_at', 'updated_at', 'expires_at']) AS c;
+  'created_at', 'updated_at', 'expires_at', 'ttl', 'lease']) AS c;
 SELECT col_type_is('idempotency_keys', 'status', 'key_status');
 SELECT is((SELECT collname FROM pg_attribute a JOIN pg_collation c ON c.oid = a.attcollation
             WHERE attrelid = 'idempotency_keys'::regclass AND attname = 'key'),
           'C', 'key is compared in the C collation');
 SELECT enum_has_labels('claim_status', ARRAY['claimed', 'reclaimed', 'replay', 'mismatch', 'in_progress']);
 SELECT enum_has_labels('key_status', ARRAY['processing', 'completed']);
-SELECT is_definer(f) FROM unnest(ARRAY['claim_key', 'complete_key', 'release_key', 'checkpoint_key']) AS f;
+SELECT isnt_definer('idempotency', f, format('%s is SECURITY INVOKER', f))
+  FROM unnest(ARRAY['claim_key', 'complete_key', 'release_key', 'checkpoint_key']) AS f;
 SELECT ok((SELECT extconfig @> ARRAY['idempotency_keys'::regclass::oid] FROM pg_extension
             WHERE extname = 'idempotency'), 'pg_dump keeps the rows (pg_extension_config_dump)');
 SELECT ok(NOT has_table_privilege('public', 'idempotency_keys', 'SELECT,INSERT,UPDATE,DELETE'),
           'PUBLIC has no right on the table');
+SELECT ok(NOT has_table_privilege('public', 'idempotency.key_lock_salt', 'SELECT,INSERT,UPDATE,DELETE'),
+          'PUBLIC has no right on the key locks'' secret either');
 SELECT is((SELECT count(*)::int FROM pg_depend d
              JOIN pg_extension e ON d.refobjid = e.oid AND e.extname = 'idempotency'
             WHERE d.deptype = 'e' AND d.classid IN ('pg_proc'::regclass, 'pg_class'::regclass, 'pg_type'::regclass)
@@ -191,6 +214,11 @@ DROP ROLE IF EXISTS tap_app_b;
 CREATE ROLE tap_app_a;
 CREATE ROLE tap_app_b;
 SET ROLE tap_app_a;
+SELECT throws_ok($$SELECT idempotency.claim_key('sec-0')$$, '42501', 'permission denied for schema idempotency',
+                 'without USAGE on the schema an application role reaches nothing');
+RESET ROLE;
+GRANT USAGE ON SCHEMA idempotency TO tap_app_a, tap_app_b;
+SET ROLE tap_app_a;
 CREATE TEMP TABLE a1 AS SELECT * FROM claim_key('sec-1', request_fingerprint('p'::text));
 GRANT SELECT ON a1 TO PUBLIC;
 SELECT is((SELECT status FROM a1), 'claimed', 'an application role can claim');
@@ -202,17 +230,45 @@ SELECT throws_ok('DELETE FROM idempotency_keys', '42501', NULL, 'nor delete from
 SELECT throws_ok($$INSERT INTO idempotency_keys (key, owner, ttl, created_at, expires_at, updated_at)
                    VALUES ('x', 1, '1h', now(), now(), now())$$, '42501', NULL, 'nor insert into it');
 SELECT throws_ok('SELECT idempotency_cleanup()', '42501', NULL, 'nor run the cleanup');
+-- A SECURITY DEFINER function of tap_app_a claims for its owner, whoever calls it.
+CREATE FUNCTION pg_temp.claim_as_a(k text) RETURNS idempotency.claim_result LANGUAGE sql SECURITY DEFINER
+  AS $$SELECT * FROM idempotency.claim_key(k)$$;
 RESET ROLE;
 SELECT is((SELECT owner FROM idempotency_keys WHERE key = 'sec-1'), 'tap_app_a'::regrole,
-          'owner is the caller, not the SECURITY DEFINER owner');
+          'owner is the caller (current_user)');
+CREATE TEMP TABLE sec_1_before AS SELECT k::text AS row_text FROM idempotency_keys k WHERE key = 'sec-1';
 SET ROLE tap_app_b;
-SELECT throws_ok($$SELECT claim_key('sec-1', request_fingerprint('p'::text))$$, '42501', NULL,
-                 'another role: 42501');
-SELECT throws_ok(format('SELECT complete_key(%L, %L, %L)', 'sec-1', (SELECT token FROM a1), '{}'), '42501', NULL,
-                 'another role cannot complete with a stolen token');
+-- tap_app_a's key does not exist for tap_app_b, even with its token (P0002, as for an absent key)
+SELECT throws_ok(format('SELECT complete_key(%L, %L, %L)', 'sec-1', (SELECT token FROM a1), '{}'), 'P0002', NULL,
+                 'another role cannot complete with a stolen token: no such key (P0002)');
+SELECT throws_ok(format('SELECT checkpoint_key(%L, %L, %L)', 'sec-1', (SELECT token FROM a1), 'x'), 'P0002', NULL,
+                 'nor checkpoint it');
+SELECT throws_ok(format('SELECT release_key(%L, %L)', 'sec-1', (SELECT token FROM a1)), 'P0002', NULL,
+                 'nor release it');
+-- the same scope and key is tap_app_b's own key: claimed afresh, nothing of tap_app_a's revealed
+CREATE TEMP TABLE b1 AS SELECT * FROM claim_key('sec-1', request_fingerprint('p'::text));
+SELECT is((SELECT status FROM b1), 'claimed', 'another role: the same key is its own, claimed afresh');
+SELECT is((SELECT attempts || ' ' || coalesce(response::text, 'no response') FROM b1), '1 no response',
+          'another role: attempts 1, no response of the first role''s key');
+CREATE TEMP TABLE b2 AS SELECT * FROM claim_key('sec-1', request_fingerprint('q'::text));
+SELECT is((SELECT status FROM b2), 'mismatch', 'its own key holds its own fingerprint');
 SELECT is((SELECT status FROM claim_key('sec-1', scope => 'tenant-b')), 'claimed', 'another scope is another key');
+SELECT is((SELECT status FROM pg_temp.claim_as_a('sec-2')), 'claimed',
+          'tap_app_b claims through tap_app_a''s SECURITY DEFINER function');
+RESET ROLE;
+SELECT is((SELECT k::text FROM idempotency_keys k WHERE key = 'sec-1' AND owner = 'tap_app_a'::regrole),
+          (SELECT row_text FROM sec_1_before), 'the first role''s key is unchanged');
+SELECT is((SELECT string_agg(owner::text, ',' ORDER BY owner::text) FROM idempotency_keys WHERE key = 'sec-1' AND scope = ''),
+          'tap_app_a,tap_app_b', 'two keys sec-1 in scope '''', one per role');
+SELECT is((SELECT owner::text FROM idempotency_keys WHERE key = 'sec-2'), 'tap_app_a',
+          'a key claimed inside a SECURITY DEFINER function belongs to the function''s owner');
+SET ROLE tap_app_a;
+SELECT is((SELECT status || ' ' || response::text FROM claim_key('sec-1', request_fingerprint('p'::text))), 'replay {"ok": 1}',
+          'the first role still replays its own response');
 RESET ROLE;
 DROP TABLE a1;
+DROP TABLE b1;
+DROP TABLE b2;
 SELECT lives_ok('DROP OWNED BY tap_app_a, tap_app_b; DROP ROLE tap_app_a; DROP ROLE tap_app_b', 'roles dropped');
 
 -------------------------------------------------------------------------------
@@ -224,6 +280,13 @@ CREATE TEMP TABLE g1 AS SELECT * FROM claim_key('guc-1');
 SELECT is((SELECT expires_at - created_at FROM g1), '3 hours'::interval, 'idempotency.default_ttl applies');
 SELECT is((SELECT locked_until - created_at FROM idempotency_keys WHERE key = 'guc-1'), '90 seconds'::interval,
           'idempotency.default_lease applies');
+-- checkpoint_key without a lease renews by the lease the claim was made with, not by
+-- idempotency.default_lease
+CREATE TEMP TABLE g2 AS SELECT * FROM claim_key('guc-2', lease => '20 min');
+SELECT ok(checkpoint_key('guc-2', (SELECT token FROM g2), 'step-1')
+            BETWEEN clock_timestamp() + '19 min' AND clock_timestamp() + '20 min',
+          'checkpoint_key with a NULL lease renews by the claim''s lease (20 min, not 90 s)');
+SELECT is((SELECT lease FROM idempotency_keys WHERE key = 'guc-2'), '20 min'::interval, 'the claim''s lease is stored');
 RESET idempotency.default_ttl;
 RESET idempotency.default_lease;
 SELECT throws_ok($$SET idempotency.default_ttl = '-5'$$, '22023', NULL, 'a bad setting is refused');

@@ -7,28 +7,28 @@
 SET client_min_messages = warning;
 BEGIN;
 
-SELECT plan(45);
+SELECT plan(49);
 
 -------------------------------------------------------------------------------
 -- The SQL surface
 -------------------------------------------------------------------------------
-SELECT has_function('public', 'idempotency_cleanup', ARRAY['integer'], 'idempotency_cleanup(integer) exists');
-SELECT function_returns('public', 'idempotency_cleanup', ARRAY['integer'], 'bigint', 'it returns bigint');
-SELECT is_definer('public', 'idempotency_cleanup', ARRAY['integer'], 'it is SECURITY DEFINER');
-SELECT ok(NOT has_function_privilege('public', 'public.idempotency_cleanup(integer)', 'EXECUTE'),
+SELECT has_function('idempotency', 'idempotency_cleanup', ARRAY['integer'], 'idempotency_cleanup(integer) exists');
+SELECT function_returns('idempotency', 'idempotency_cleanup', ARRAY['integer'], 'bigint', 'it returns bigint');
+SELECT isnt_definer('idempotency', 'idempotency_cleanup', ARRAY['integer'], 'it is SECURITY INVOKER');
+SELECT ok(NOT has_function_privilege('public', 'idempotency.idempotency_cleanup(integer)', 'EXECUTE'),
           'PUBLIC may not run it');
-SELECT ok(obj_description('public.idempotency_cleanup(integer)'::regprocedure, 'pg_proc') IS NOT NULL,
+SELECT ok(obj_description('idempotency.idempotency_cleanup(integer)'::regprocedure, 'pg_proc') IS NOT NULL,
           'it has a comment');
-SELECT has_view('public', 'idempotency_stats', 'the idempotency_stats view exists');
-SELECT columns_are('public', 'idempotency_stats', ARRAY[
+SELECT has_view('idempotency', 'idempotency_stats', 'the idempotency_stats view exists');
+SELECT columns_are('idempotency', 'idempotency_stats', ARRAY[
   'datname', 'database', 'shared_memory', 'claimed', 'reclaimed', 'replayed', 'in_progress',
   'mismatched', 'completed', 'released', 'expired_deleted', 'cleanup_runs', 'last_cleanup',
   'last_cleanup_deleted', 'stats_since', 'last_error', 'note'], 'idempotency_stats has its columns');
-SELECT ok(obj_description('public.idempotency_stats'::regclass, 'pg_class') IS NOT NULL,
+SELECT ok(obj_description('idempotency.idempotency_stats'::regclass, 'pg_class') IS NOT NULL,
           'the view has a comment');
-SELECT ok(has_table_privilege('pg_monitor', 'public.idempotency_stats', 'SELECT'),
+SELECT ok(has_table_privilege('pg_monitor', 'idempotency.idempotency_stats', 'SELECT'),
           'pg_monitor may read the statistics');
-SELECT ok(NOT has_table_privilege('public', 'public.idempotency_stats', 'SELECT'),
+SELECT ok(NOT has_table_privilege('public', 'idempotency.idempotency_stats', 'SELECT'),
           'PUBLIC may not');
 
 -------------------------------------------------------------------------------
@@ -43,8 +43,8 @@ SELECT is(idempotency_cleanup(), 0::bigint, 'nothing to delete: 0');
 -- Exactly the expired rows go, whatever the batch size
 -------------------------------------------------------------------------------
 CREATE FUNCTION add_random_keys(n int) RETURNS void LANGUAGE sql AS $$
-  INSERT INTO idempotency_keys (key, owner, ttl, created_at, expires_at, updated_at)
-  SELECT 'r-' || g || '-' || md5(random()::text), 10, '1 hour', now() - interval '2 hours',
+  INSERT INTO idempotency_keys (key, owner, ttl, lease, created_at, expires_at, updated_at)
+  SELECT 'r-' || g || '-' || md5(random()::text), 10, '1 hour', '5 min', now() - interval '2 hours',
          clock_timestamp() + (random() - 0.5) * interval '2 hours', now()
     FROM generate_series(1, n) g
 $$;
@@ -93,8 +93,8 @@ SELECT ok((SELECT shared_memory FROM idempotency_stats WHERE datname = current_d
           'the test server preloads the library: shared counters exist');
 CREATE TEMP TABLE s0 AS SELECT * FROM idempotency_stats WHERE datname = current_database();
 SELECT add_random_keys(0);
-INSERT INTO idempotency_keys (key, owner, ttl, created_at, expires_at, updated_at)
-  SELECT 's-' || g, 10, '1 hour', now(), now() - interval '1 hour', now() FROM generate_series(1, 77) g;
+INSERT INTO idempotency_keys (key, owner, ttl, lease, created_at, expires_at, updated_at)
+  SELECT 's-' || g, 10, '1 hour', '5 min', now(), now() - interval '1 hour', now() FROM generate_series(1, 77) g;
 SELECT is(idempotency_cleanup(10), 77::bigint, '77 expired keys deleted in batches of 10');
 SELECT cmp_ok((SELECT s.expired_deleted - s0.expired_deleted FROM idempotency_stats s, s0
                 WHERE s.datname = current_database()), '>=', 77::bigint,
@@ -108,16 +108,32 @@ SELECT is((SELECT s.claimed - s0.claimed FROM idempotency_stats s, s0 WHERE s.da
           1::bigint, 'counted once in claimed');
 
 -------------------------------------------------------------------------------
--- The extension dropped and created again in another schema: the backend's prepared
--- statement is for the old table and must not be used
+-- Keys of a dropped role go, live or not, in batches; the other roles' live keys stay
 -------------------------------------------------------------------------------
+DELETE FROM idempotency_keys;
+CREATE ROLE tap_cleanup_gone;
+INSERT INTO idempotency_keys (key, owner, ttl, lease, created_at, expires_at, updated_at)
+  SELECT 'o-' || g, 'tap_cleanup_gone'::regrole, '1 hour', '5 min', now(), now() + interval '1 hour', now()
+    FROM generate_series(1, 23) g;
+INSERT INTO idempotency_keys (key, owner, ttl, lease, created_at, expires_at, updated_at)
+  SELECT 'l-' || g, 10, '1 hour', '5 min', now(), now() + interval '1 hour', now() FROM generate_series(1, 5) g;
+SELECT is(idempotency_cleanup(4), 0::bigint, 'while the role exists its live keys stay');
+DROP ROLE tap_cleanup_gone;
+SELECT is(idempotency_cleanup(4), 23::bigint, 'once it is dropped, its 23 keys are deleted (batches of 4)');
+SELECT is((SELECT count(*) FROM idempotency_keys WHERE key LIKE 'l-%'), 5::bigint, 'the live keys of other roles stay');
+
+-------------------------------------------------------------------------------
+-- The extension dropped and created again (its schema stays; a new table): the
+-- backend's prepared statement is for the old table and must not be used
+-------------------------------------------------------------------------------
+CREATE TEMP TABLE old_table AS SELECT 'idempotency.idempotency_keys'::regclass::oid AS oid;
 DROP EXTENSION idempotency;
-CREATE SCHEMA idem;
-CREATE EXTENSION idempotency SCHEMA idem;
-INSERT INTO idem.idempotency_keys (key, owner, ttl, created_at, expires_at, updated_at)
-  SELECT 'n-' || g, 10, '1 hour', now(), now() - interval '1 hour', now() FROM generate_series(1, 12) g;
-SELECT is(idem.idempotency_cleanup(5), 12::bigint, 'cleanup in the new schema deletes from the new table');
-SELECT is((SELECT count(*) FROM idem.idempotency_keys), 0::bigint, 'which is empty afterwards');
+CREATE EXTENSION idempotency;
+SELECT isnt((SELECT oid FROM old_table), 'idempotency.idempotency_keys'::regclass::oid, 'a new table');
+INSERT INTO idempotency.idempotency_keys (key, owner, ttl, lease, created_at, expires_at, updated_at)
+  SELECT 'n-' || g, 10, '1 hour', '5 min', now(), now() - interval '1 hour', now() FROM generate_series(1, 12) g;
+SELECT is(idempotency.idempotency_cleanup(5), 12::bigint, 'cleanup after DROP and CREATE EXTENSION deletes from the new table');
+SELECT is((SELECT count(*) FROM idempotency.idempotency_keys), 0::bigint, 'which is empty afterwards');
 
 SELECT * FROM finish();
 ROLLBACK;

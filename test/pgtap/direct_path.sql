@@ -182,10 +182,11 @@ ROLLBACK;
 -------------------------------------------------------------------------------
 -- 4. Tables the direct path leaves to the executor.
 -------------------------------------------------------------------------------
--- Triggers fire for claims and completions.
+-- Triggers fire for claims and completions (as the extension owner, with search_path =
+-- pg_catalog, pg_temp: a trigger function names its tables with their schema).
 CREATE TABLE trigger_log (op text, key text);
 CREATE FUNCTION log_change() RETURNS trigger LANGUAGE plpgsql AS
-  $$BEGIN INSERT INTO trigger_log VALUES (TG_OP, NEW.key); RETURN NEW; END$$;
+  $$BEGIN INSERT INTO public.trigger_log VALUES (TG_OP, NEW.key); RETURN NEW; END$$;
 CREATE TRIGGER log_change AFTER INSERT OR UPDATE ON idempotency_keys FOR EACH ROW EXECUTE FUNCTION log_change();
 SELECT lives_ok($$SELECT complete_key('trig-' || n, (claim_key('trig-' || n)).token, '{}') FROM generate_series(1, 3) n$$,
                 'claims and completions under a logging trigger');
