@@ -23,8 +23,8 @@ $node->start;
 sub add_keys {
   my ($db, $prefix, $n, $expires) = @_;
   $node->safe_psql($db, qq{
-    INSERT INTO idempotency_keys (key, owner, ttl, created_at, expires_at, updated_at)
-    SELECT '$prefix' || g, 10, '1 hour', now() - interval '2 hours', $expires, now()
+    INSERT INTO idempotency_keys (key, owner, ttl, lease, created_at, expires_at, updated_at)
+    SELECT '$prefix' || g, 10, '1 hour', '5 min', now() - interval '2 hours', $expires, now()
       FROM generate_series(1, $n) g});
 }
 
@@ -150,6 +150,20 @@ $cleaner->query_safe('COMMIT');
 $cleaner->quit;
 is($node->safe_psql('alpha', q{SELECT status FROM claim_key('busy2')}), 'claimed',
   'after the cleanup committed, the key is claimed afresh');
+
+# --- keys of a dropped role ---------------------------------------------------------------
+# Live keys stay while their role exists; once it is dropped the worker deletes them.
+$node->safe_psql('postgres', 'CREATE ROLE gone_app');
+$node->safe_psql('alpha', q{
+  INSERT INTO idempotency_keys (key, owner, ttl, lease, created_at, expires_at, updated_at)
+  SELECT 'orphan' || g, 'gone_app'::regrole, '1 hour', '5 min', now(), now() + interval '1 hour', now()
+    FROM generate_series(1, 20) g});
+my $orphan_runs = stat_of('alpha', 'cleanup_runs');
+ok(two_more_rounds('alpha', $orphan_runs), 'two more rounds ran while the role existed');
+is(count_keys('alpha', 'orphan'), '20', 'the live keys of an existing role stay');
+$node->safe_psql('postgres', 'DROP ROLE gone_app');
+ok(keys_gone('alpha', 'orphan'), 'once the role is dropped, the worker deletes its live keys');
+is(count_keys('alpha', 'live'), '50', 'the live keys of other roles stay');
 
 # --- CREATE EXTENSION in a new database --------------------------------------------------
 

@@ -32,8 +32,8 @@ sub launcher_pid {
 sub add_expired {
   my ($db, $prefix, $n) = @_;
   $node->safe_psql($db, qq{
-    INSERT INTO idempotency_keys (key, owner, ttl, created_at, expires_at, updated_at)
-    SELECT '$prefix' || g, 10, '1 hour', now() - interval '2 hours',
+    INSERT INTO idempotency_keys (key, owner, ttl, lease, created_at, expires_at, updated_at)
+    SELECT '$prefix' || g, 10, '1 hour', '5 min', now() - interval '2 hours',
            now() - interval '1 second', now()
       FROM generate_series(1, $n) g});
 }

@@ -1,7 +1,9 @@
 # pg_dump / pg_restore keep every key and its state: idempotency_keys is registered with
 # pg_extension_config_dump, so its rows travel with the dump (custom and plain format).
 # After the restore a duplicate replays, a live lease is in_progress, a released key is
-# reclaimed, and a token taken before the dump still completes its key.
+# reclaimed, and a token taken before the dump still completes its key. Keys belong to
+# roles by name: a restore into another cluster gives them to the roles of the same names,
+# and the keys of a role dropped before the dump are left out of it.
 use strict;
 use warnings;
 use PostgreSQL::Test::Cluster;
@@ -10,18 +12,21 @@ use Test::More;
 
 my $node = PostgreSQL::Test::Cluster->new('dump');
 $node->init;
-$node->append_conf('postgresql.conf', "shared_preload_libraries = 'idempotency'");
+# The cleanup worker serves no database here: the keys of the dropped role below must
+# still be in the table when pg_dump runs.
+$node->append_conf('postgresql.conf', qq{shared_preload_libraries = 'idempotency'
+idempotency.databases = 'no_such_database'});
 $node->start;
 
 $node->safe_psql('postgres', q{
   CREATE ROLE app_a LOGIN;
   CREATE ROLE app_b LOGIN;
+  CREATE ROLE app_gone LOGIN;
   CREATE DATABASE src;
 });
 $node->safe_psql('src', q{
-  CREATE SCHEMA idem;
-  CREATE EXTENSION idempotency SCHEMA idem;
-  GRANT USAGE ON SCHEMA idem TO PUBLIC;
+  CREATE EXTENSION idempotency;
+  GRANT USAGE ON SCHEMA idempotency TO app_a, app_b, app_gone;
   CREATE TABLE tokens (k text PRIMARY KEY, t uuid);
   GRANT ALL ON tokens TO PUBLIC;
 });
@@ -29,28 +34,36 @@ $node->safe_psql('src', q{
 $node->safe_psql('src', q{
   SET ROLE app_a;
   INSERT INTO tokens SELECT 'done-' || g,
-    (idem.claim_key('done-' || g, idem.request_fingerprint(g::text), 's' || (g % 3))).token
+    (idempotency.claim_key('done-' || g, idempotency.request_fingerprint(g::text), 's' || (g % 3))).token
     FROM generate_series(1, 300) g;
-  SELECT idem.checkpoint_key(k, t, 'step-' || substr(k, 6), 's' || (substr(k, 6)::int % 3)) FROM tokens;
-  SELECT idem.complete_key(k, t, jsonb_build_object('k', k, 'nested', jsonb_build_array(1, 'é', null)),
+  SELECT idempotency.checkpoint_key(k, t, 'step-' || substr(k, 6), 's' || (substr(k, 6)::int % 3)) FROM tokens;
+  SELECT idempotency.complete_key(k, t, jsonb_build_object('k', k, 'nested', jsonb_build_array(1, 'é', null)),
                            200 + substr(k, 6)::int % 5, 's' || (substr(k, 6)::int % 3)) FROM tokens;
   INSERT INTO tokens VALUES
-    ('held', (idem.claim_key('held', NULL, '', '7 days', '1 hour')).token),
-    ('released', (idem.claim_key('released', '\x0102'::bytea, '', NULL, '1 hour')).token),
-    ('two-phase', (idem.claim_key('two-phase', NULL, 'pay', NULL, '1 hour')).token),
-    ('ключ-€-𝄞', (idem.claim_key('ключ-€-𝄞', NULL, 'ユーザー', NULL, '1 hour')).token);
-  SELECT idem.checkpoint_key('released', (SELECT t FROM tokens WHERE k = 'released'), 'half-way');
-  SELECT idem.release_key('released', (SELECT t FROM tokens WHERE k = 'released'));
+    ('held', (idempotency.claim_key('held', NULL, '', '7 days', '1 hour')).token),
+    ('released', (idempotency.claim_key('released', '\x0102'::bytea, '', NULL, '1 hour')).token),
+    ('two-phase', (idempotency.claim_key('two-phase', NULL, 'pay', NULL, '1 hour')).token),
+    ('ключ-€-𝄞', (idempotency.claim_key('ключ-€-𝄞', NULL, 'ユーザー', NULL, '1 hour')).token);
+  SELECT idempotency.checkpoint_key('released', (SELECT t FROM tokens WHERE k = 'released'), 'half-way');
+  SELECT idempotency.release_key('released', (SELECT t FROM tokens WHERE k = 'released'));
   SET ROLE app_b;
-  SELECT idem.claim_key('of-b', NULL, '', NULL, '1 hour');
+  SELECT idempotency.claim_key('of-b', NULL, '', NULL, '1 hour');
+  SET ROLE app_gone;
+  SELECT idempotency.claim_key('gone-' || g, NULL, '', NULL, '1 hour') FROM generate_series(1, 7) g;
+  SELECT idempotency.claim_key('of-b', NULL, '', NULL, '1 hour');
 });
+# A role dropped with its keys still in the table (the cleanup would delete them).
+$node->safe_psql('src', q{REVOKE USAGE ON SCHEMA idempotency FROM app_gone; DROP ROLE app_gone});
+is($node->safe_psql('src', q{SELECT count(*) FROM idempotency.idempotency_keys
+                              WHERE NOT EXISTS (SELECT FROM pg_roles r WHERE r.oid = owner)}),
+  '8', 'the source holds 8 keys of a dropped role');
 
-my $state = q{SELECT count(*) || E'\n' || string_agg(format('%s|%s|%s|%s|%s|%s|%s|%s|%s|%s|%s|%s|%s|%s|%s',
+my $state = q{SELECT count(*) || E'\n' || string_agg(format('%s|%s|%s|%s|%s|%s|%s|%s|%s|%s|%s|%s|%s|%s|%s|%s',
   scope, key, owner::regrole, encode(fingerprint, 'hex'), status, response, response_code, recovery_point,
-  lease_token, locked_until, attempts, ttl, created_at, expires_at, updated_at), E'\n' ORDER BY scope, key)
-  FROM idem.idempotency_keys};
+  lease_token, locked_until, attempts, ttl, lease, created_at, expires_at, updated_at), E'\n' ORDER BY scope, key, owner::text)
+  FROM idempotency.idempotency_keys WHERE EXISTS (SELECT FROM pg_roles r WHERE r.oid = owner)};
 my $before = $node->safe_psql('src', $state);
-like($before, qr/^305\n/, 'the source holds 305 keys');
+like($before, qr/^305\n/, 'the source holds 305 keys of existing roles');
 
 my $dir = $PostgreSQL::Test::Utils::tmp_check;
 $node->command_ok([ 'pg_dump', '-Fc', '-d', $node->connstr('src'), '-f', "$dir/src.dump" ], 'pg_dump -Fc');
@@ -63,28 +76,33 @@ $node->command_ok([ 'psql', '-X', '-q', '-v', 'ON_ERROR_STOP=1', '-d', $node->co
 
 for my $db ('dst_custom', 'dst_plain') {
   is($node->safe_psql($db, $state), $before,
-    "$db: every key with its state (owner, fingerprint, status, response, token, lease, attempts, expiry)");
+    "$db: every key with its state (owner, fingerprint, status, response, token, lease, attempts, ttl, expiry)");
+  is($node->safe_psql($db, q{SELECT count(*) FROM idempotency.idempotency_keys}), '305',
+    "$db: and no key of the dropped role (left out of the dump)");
 
   is($node->safe_psql($db, q{
       SET ROLE app_a;
       SELECT count(*) FROM generate_series(1, 300) g,
-        LATERAL idem.claim_key('done-' || g, idem.request_fingerprint(g::text), 's' || (g % 3)) c
+        LATERAL idempotency.claim_key('done-' || g, idempotency.request_fingerprint(g::text), 's' || (g % 3)) c
        WHERE c.status = 'replay' AND c.response->>'k' = 'done-' || g
          AND c.response_code = 200 + g % 5 AND c.recovery_point = 'step-' || g}),
     '300', "$db: all 300 completed keys replay their response and code");
-  is($node->safe_psql($db, q{SET ROLE app_a; SELECT status FROM idem.claim_key('done-1', idem.request_fingerprint('x'), 's1')}),
+  is($node->safe_psql($db, q{SET ROLE app_a; SELECT status FROM idempotency.claim_key('done-1', idempotency.request_fingerprint('x'), 's1')}),
     'mismatch', "$db: the stored fingerprint still rejects a different request");
-  is($node->safe_psql($db, q{SET ROLE app_a; SELECT status FROM idem.claim_key('held')}),
+  is($node->safe_psql($db, q{SET ROLE app_a; SELECT status FROM idempotency.claim_key('held')}),
     'in_progress', "$db: a live lease is still in_progress");
-  is($node->safe_psql($db, q{SET ROLE app_a; SELECT status || ' ' || attempts || ' ' || recovery_point FROM idem.claim_key('released')}),
+  is($node->safe_psql($db, q{SET ROLE app_a; SELECT status || ' ' || attempts || ' ' || recovery_point FROM idempotency.claim_key('released')}),
     'reclaimed 2 half-way', "$db: a released key is reclaimed with its recovery point");
   is($node->safe_psql($db, q{SET ROLE app_a;
-      SELECT status FROM idem.complete_key('two-phase', (SELECT t FROM tokens WHERE k = 'two-phase'), '{"ok": true}', 200, 'pay')}),
+      SELECT status FROM idempotency.complete_key('two-phase', (SELECT t FROM tokens WHERE k = 'two-phase'), '{"ok": true}', 200, 'pay')}),
     'replay', "$db: a token taken before the dump completes its key after the restore");
-  is($node->safe_psql($db, q{SET ROLE app_a; SELECT status FROM idem.claim_key('ключ-€-𝄞', NULL, 'ユーザー')}),
+  is($node->safe_psql($db, q{SET ROLE app_a; SELECT status FROM idempotency.claim_key('ключ-€-𝄞', NULL, 'ユーザー')}),
     'in_progress', "$db: multibyte key and scope survive");
-  my ($rc, $out, $err) = $node->psql($db, q{SET ROLE app_a; SELECT idem.claim_key('of-b')});
-  like($err, qr/belongs to another role/, "$db: ownership survives (42501 for another role)");
+  # Ownership survives: app_b's key is app_b's; for app_a the same key is another, fresh one.
+  is($node->safe_psql($db, q{SET ROLE app_b; SELECT status FROM idempotency.claim_key('of-b')}),
+    'in_progress', "$db: app_b's key is still held by app_b");
+  is($node->safe_psql($db, q{SET ROLE app_a; SELECT status || ' ' || attempts FROM idempotency.claim_key('of-b')}),
+    'claimed 1', "$db: for app_a the same (scope, key) is a key of its own, claimed afresh");
 }
 
 # Another cluster: the same role names get other OIDs (created in another order, after
@@ -99,18 +117,23 @@ $other->safe_psql('postgres', q{
 });
 $other->command_ok([ 'pg_restore', '--exit-on-error', '-d', $other->connstr('dst'), "$dir/src.dump" ],
   'pg_restore into another cluster');
-is($other->safe_psql('dst', q{SELECT count(*) FROM idem.idempotency_keys}), '305',
+is($other->safe_psql('dst', q{SELECT count(*) FROM idempotency.idempotency_keys}), '305',
   'another cluster: every key restored');
 {
   my ($rc, $out, $err) = $other->psql('dst',
-    q{SET ROLE app_a; SELECT status FROM idem.claim_key('done-1', idem.request_fingerprint('1'), 's1')});
+    q{SET ROLE app_a; SELECT status FROM idempotency.claim_key('done-1', idempotency.request_fingerprint('1'), 's1')});
   is("$rc $out", '0 replay', "another cluster: the key's owner (by role name) still replays it ($err)");
-  ($rc, $out, $err) = $other->psql('dst', q{SET ROLE app_b; SELECT status FROM idem.claim_key('of-b', NULL, '')});
+  ($rc, $out, $err) = $other->psql('dst', q{SET ROLE app_b; SELECT status FROM idempotency.claim_key('of-b', NULL, '')});
   is("$rc $out", '0 in_progress', "another cluster: app_b's key is still app_b's ($err)");
-  # Worse than a refusal: the stored OID now names another role, which may read the key.
+  # The stored OID of app_a names someone_else here: keys are restored by role name, so
+  # for someone_else (given USAGE, so that it can call at all) app_a's key is absent.
+  $other->safe_psql('dst', 'GRANT USAGE ON SCHEMA idempotency TO someone_else');
+  is($other->safe_psql('dst', q{SELECT count(*) FROM idempotency.idempotency_keys
+                                 WHERE owner = (SELECT oid FROM pg_roles WHERE rolname = 'someone_else')}),
+    '0', 'another cluster: no key belongs to the role that got app_a\'s old OID');
   ($rc, $out, $err) = $other->psql('dst',
-    q{SET ROLE someone_else; SELECT status FROM idem.claim_key('done-1', idem.request_fingerprint('1'), 's1')});
-  isnt("$rc $out", '0 replay', "another cluster: an unrelated role that got the old OID cannot replay app_a's key");
+    q{SET ROLE someone_else; SELECT status FROM idempotency.claim_key('done-1', idempotency.request_fingerprint('1'), 's1')});
+  is("$rc $out", '0 claimed', "another cluster: an unrelated role that got the old OID cannot replay app_a's key ($err)");
 }
 
 done_testing();
