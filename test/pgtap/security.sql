@@ -17,7 +17,7 @@
 \pset tuples_only on
 SET client_min_messages = warning;
 
-SELECT plan(205);
+SELECT plan(207);
 
 SELECT pg_backend_pid() AS start_pid \gset
 -- The server log of test/run.sh's pgTAP server (lib.sh: DIR/server.log beside DIR/data),
@@ -814,6 +814,32 @@ SELECT is(:'sw_d_state' || ' | ' || :'sw_d_user' || ' | ' || :'sw_d_path' || ' |
 SELECT is(:'sw_e_status' || ' | ' || :'sw_e_user' || ' | ' || :'sw_e_path' || ' | ' || :'sw_e_temp',
           'claimed | sec_alice | sec_alice_marker, public | 00000',
           'switch: after a successful call, the same');
+
+-- What the table work runs as: a superuser's probe trigger on the real table (which also
+-- sends the writes through the executor) records the role, whether a temporary table may
+-- be created (not inside a security-restricted operation) and the search_path.
+CREATE TABLE sectest.probe (op text, who name, restricted text, path text);
+CREATE FUNCTION sectest.probe() RETURNS trigger LANGUAGE plpgsql AS $$
+DECLARE restricted text := 'not restricted';
+BEGIN
+  BEGIN
+    CREATE TEMP TABLE sec_probe_temp (x int);
+    DROP TABLE sec_probe_temp;
+  EXCEPTION WHEN insufficient_privilege THEN
+    restricted := 'restricted';
+  END;
+  INSERT INTO sectest.probe VALUES (TG_OP, current_user, restricted, current_setting('search_path'));
+  RETURN NULL;
+END $$;
+CREATE TRIGGER sec_probe AFTER INSERT OR UPDATE ON idempotency.idempotency_keys
+  FOR EACH ROW EXECUTE FUNCTION sectest.probe();
+SELECT is(sectest.value_as('sec_alice', $$SELECT status FROM idempotency.complete_key('probe',
+            (idempotency.claim_key('probe', NULL, 'sw')).token, '{}', NULL, 'sw')$$), 'replay',
+          'switch: alice claims and completes a key while the probe watches');
+DROP TRIGGER sec_probe ON idempotency.idempotency_keys;
+SELECT is((SELECT string_agg(format('%s as %s, %s, search_path %s', op, who, restricted, path), '; ' ORDER BY op) FROM sectest.probe),
+          'INSERT as postgres, restricted, search_path pg_catalog, pg_temp; UPDATE as postgres, restricted, search_path pg_catalog, pg_temp',
+          'switch: the table work runs as the extension owner, security-restricted, with search_path pg_catalog, pg_temp');
 
 -------------------------------------------------------------------------------
 -- 9. Nothing changed the roles; the backend is the one that started.
