@@ -7,17 +7,23 @@ Makes its own throw-away cluster in DIR (as the postgres user when run as root),
 throws random and boundary values at claim_key, complete_key, release_key,
 checkpoint_key, request_fingerprint (jsonb, text, bytea), gen_uuid_v7, gen_uuid_v7(ts),
 uuid_v7_time and idempotency_cleanup: NULLs, empty strings, 10 MB keys and scopes,
-multibyte keys at the byte limit, zero / negative / huge intervals, timestamps outside
-every range, deeply nested jsonb, responses over idempotency.max_response_size, wrong,
-stale and NULL tokens, keys of another role, keys with every character valid in UTF-8.
+multibyte keys at the byte limit, zero / negative / huge intervals and intervals at the
+limits (idempotency.max_ttl, idempotency.max_lease), fingerprints and recovery points at and
+over their limits, timestamps outside every range, deeply nested jsonb, responses over
+idempotency.max_response_size, wrong, stale and NULL tokens, the same keys claimed by
+another role (a key is (role, scope, key): another role's key is another key), keys with
+every character valid in UTF-8.
 
 Oracle for every call: the expected outcome is computed from the arguments and the row as
 it was before the call (a model of SPEC section 3): either the status / result the SPEC
 prescribes, or an error with one of the SQLSTATEs the README documents for that input.
+Intervals are judged as the server judges them: one span, a month counted as 30 days and
+a day as 24 hours, whatever the calendar day.
 After every failing call (and every answer that must not write: replay, mismatch,
 in_progress) a digest of idempotency_keys must be unchanged. The server must never crash
 (same postmaster start time throughout; no "terminated by signal" in its log).
 Prints one "ok"/"not ok" line per property and ends with "N passed, N failed".
+The random seed is fixed (DEFAULT_SEED) unless --seed gives another, and always printed.
 """
 
 import argparse
@@ -43,6 +49,16 @@ from valgrind_support import VALGRIND, valgrind_checks, valgrind_opts  # noqa: E
 
 MAX_KEY = 255
 MAX_RESPONSE = 1024 * 1024
+MAX_FINGERPRINT = 64                  # idempotency.max_fingerprint_size
+MAX_RECOVERY_POINT = 1024             # idempotency.max_recovery_point_size
+US_PER_DAY = 86400 * 10**6
+MAX_TTL_US = 30 * US_PER_DAY          # idempotency.max_ttl
+MAX_LEASE_US = US_PER_DAY             # idempotency.max_lease
+DEFAULT_TTL_US = US_PER_DAY           # idempotency.default_ttl
+DEFAULT_LEASE_US = 5 * 60 * 10**6     # idempotency.default_lease
+INT64_MAX = 2**63 - 1
+# No verdict may depend on the day the test runs: the seed is fixed unless one is given.
+DEFAULT_SEED = 20261201
 UTC = datetime.timezone.utc
 # The last millisecond a UUIDv7 can carry: 2^48 - 1 ms after the epoch.
 V7_MAX = "10889-08-02 05:31:50.655+00"
@@ -105,6 +121,13 @@ def utf8_len(s):
     return len(s.encode("utf-8"))
 
 
+def span(months=0, days=0, us=0):
+    """An interval as the server judges it: one span of microseconds, a month of 30 days and
+    a day of 24 hours; "range" when it does not fit 64 bits."""
+    total = us + days * US_PER_DAY + months * 30 * US_PER_DAY
+    return total if -INT64_MAX - 1 <= total <= INT64_MAX else "range"
+
+
 class Pools:
     def __init__(self, rng):
         self.rng = rng
@@ -134,31 +157,52 @@ class Pools:
         return self.rng.choice(["", "s1"]) if r < 0.92 else self.rng.choice(self.scopes)
 
     def fingerprint(self):
+        # Random bytes come from the seeded generator: a run is replayed by its seed.
+        rb = lambda n: bytes(self.rng.getrandbits(8) for _ in range(n))
         return self.rng.choice([None, None, None, b"", b"\x00", bytes(32), b"fp-a", b"fp-a", b"fp-b",
-                                os.urandom(32), os.urandom(1024 * 1024)])
+                                rb(32), rb(MAX_FINGERPRINT), rb(MAX_FINGERPRINT + 1),
+                                self.rng.randbytes(1024 * 1024)])
 
-    # Intervals as text for ::interval, with the oracle's view: None (NULL), or the
-    # number of microseconds (None for month-based values, judged by sign only), and
-    # whether now + it overflows the timestamp range.
-    VALID_INTERVALS = [(None, None), ("1 microsecond", 1), ("50 milliseconds", 1), ("2 seconds", 1),
-                       ("1 hour", 1), ("1 hour", 1), ("100000 years", 1)]
+    # Intervals as text for ::interval, with the oracle's view: None (NULL), or the span in
+    # microseconds (a month is 30 days, a day 24 hours, as PostgreSQL compares intervals;
+    # "range" when the span does not fit 64 bits).
+    # NULL and positive spans (within or over a limit: see interval()).
+    VALID_INTERVALS = [(None, None), ("1 microsecond", span(us=1)), ("50 milliseconds", span(us=50000)),
+                       ("2 seconds", span(us=2 * 10**6)), ("1 hour", span(us=3600 * 10**6)),
+                       ("1 hour", span(us=3600 * 10**6)), ("1 day", span(days=1)), ("24:00:00", span(days=1)),
+                       ("1 day 1 microsecond", span(days=1, us=1)), ("25 hours", span(us=25 * 3600 * 10**6)),
+                       ("30 days", span(days=30)), ("1 mon", span(months=1)),
+                       ("1 mon 1 microsecond", span(months=1, us=1)),
+                       ("29 days 25 hours", span(days=29, us=25 * 3600 * 10**6)),
+                       ("100000 years", span(months=1200000)), ("2562047788 hours", span(us=2562047788 * 3600 * 10**6))]
+    # Zero, negative, and beyond 64 bits.
     INTERVALS = [
-        ("0", 0), ("-1 second", -1), ("-5 minutes", -1), ("1 day -86400 seconds", 0),
-        ("1 mon -31 days", -1),
-        ("177999999 years", "overflow"), ("-177999999 years", "overflow-neg"),
-        ("2147483647 days", "overflow"), ("-2147483648 days", "overflow-neg"),
-        ("-100000 years", "overflow-neg"),
-        ("2562047788 hours", "overflow"),
+        ("0", 0), ("-1 second", span(us=-10**6)), ("-5 minutes", span(us=-300 * 10**6)),
+        ("1 day -86400 seconds", span(days=1, us=-86400 * 10**6)),
+        ("1 mon -31 days", span(months=1, days=-31)), ("1 mon -30 days", span(months=1, days=-30)),
+        ("-100000 years", span(months=-1200000)),
+        ("177999999 years", span(months=177999999 * 12)), ("-177999999 years", span(months=-177999999 * 12)),
+        ("2147483647 days", span(days=2147483647)), ("-2147483648 days", span(days=-2147483648)),
     ]
 
-    def interval(self):
-        return self.rng.choice(self.INTERVALS if self.rng.random() < 0.2 else self.VALID_INTERVALS)
+    def interval(self, limit):
+        """A ttl or lease: mostly one within `limit`, sometimes one over it, sometimes a bad
+        or boundary one."""
+        r = self.rng.random()
+        if r < 0.15:
+            return self.rng.choice(self.INTERVALS)
+        over = r < 0.2
+        return self.rng.choice([iv for iv in self.VALID_INTERVALS
+                                if (iv[0] is not None and iv[1] > limit) == over])
 
     def wait(self):
         # Waits stay short: a claim may wait on a key held by a lease.
         if self.rng.random() < 0.8:
-            return self.rng.choice([(None, None), ("0", 1), ("10 milliseconds", 1)])
-        return self.rng.choice([("-1 second", -1), ("-177999999 years", "overflow-neg"), ("1 mon -31 days", -1)])
+            return self.rng.choice([(None, None), ("0", 0), ("10 milliseconds", span(us=10000)),
+                                    ("1 mon -30 days 10 milliseconds", span(months=1, days=-30, us=10000))])
+        return self.rng.choice([("-1 second", span(us=-10**6)), ("-177999999 years", span(months=-177999999 * 12)),
+                                ("1 mon -31 days", span(months=1, days=-31)),
+                                ("-1 day 86399 seconds", span(days=-1, us=86399 * 10**6))])
 
     def response(self):
         r = self.rng.random()
@@ -191,7 +235,7 @@ class Fuzz:
         self.results = collections.OrderedDict()
         self.failures = collections.defaultdict(list)
         self.counts = collections.Counter()
-        self.tokens = []        # tokens seen (valid for some key at some time)
+        self.tokens = []        # (owner, scope, key, token) seen (valid for some key at some time)
 
     def prop(self, name, ok, detail=""):
         self.counts[name] += 1
@@ -218,6 +262,12 @@ class Fuzz:
         admin.execute("CREATE EXTENSION idempotency")
         admin.execute("CREATE ROLE fuzz_app LOGIN")
         admin.execute("CREATE ROLE fuzz_other LOGIN")
+        # What an application role needs (README); the SQL below calls the functions
+        # unqualified, through the database's search_path.
+        admin.execute("GRANT USAGE ON SCHEMA idempotency TO fuzz_app, fuzz_other")
+        admin.execute("""ALTER DATABASE fuzz SET search_path = "$user", public, idempotency""")
+        admin.close()
+        admin = self.connect("postgres")
         # Deep jsonb built without the recursive-descent parser (which stops at
         # max_stack_depth on its own): arbitrarily deep documents reach our functions.
         admin.execute("""
@@ -233,9 +283,16 @@ class Fuzz:
         self.app = self.connect("fuzz_app")
         self.other = self.connect("fuzz_other")
         self.app_oid = admin.execute("SELECT 'fuzz_app'::regrole::oid").fetchone()[0]
+        self.other_oid = admin.execute("SELECT 'fuzz_other'::regrole::oid").fetchone()[0]
+        # Keys that the other role holds (a live lease) and has completed: to the application
+        # role they are keys it does not have.
         for k in self.pools.foreign_keys:
             for scope in ("", "s1"):
-                self.other.execute("SELECT claim_key(%s, NULL, %s, '1 day', '1 day')", (k, scope))
+                t = self.other.execute("SELECT token FROM claim_key(%s, NULL, %s, '1 day', '1 day')",
+                                       (k, scope)).fetchone()[0]
+                self.tokens.append((self.other_oid, scope, k, t))
+                if k.endswith("1"):
+                    self.other.execute("SELECT complete_key(%s, %s, '{\"of\": \"other\"}', 200, %s)", (k, t, scope))
         self.start_time = admin.execute("SELECT pg_postmaster_start_time()").fetchone()[0]
 
     # -------------------------------------------------------------- state helpers
@@ -247,17 +304,18 @@ class Fuzz:
             "SELECT count(*) || ':' || coalesce(md5(string_agg(ctid::text || xmin::text, ',' ORDER BY ctid)), '')"
             " FROM idempotency_keys").fetchone()[0]
 
-    def row(self, scope, key):
+    def row(self, owner, scope, key):
+        """The row of the key (owner, scope, key): a key is the role's own."""
         if key is None or scope is None or utf8_len(key) > MAX_KEY or utf8_len(scope) > MAX_KEY:
             return None
         r = self.admin.execute(
             "SELECT owner::oid, fingerprint, status::text, md5(response::text), response_code, recovery_point, lease_token,"
-            " locked_until, attempts, expires_at, clock_timestamp() FROM idempotency_keys"
-            " WHERE scope = %s AND key = %s", (scope, key)).fetchone()
+            " locked_until, attempts, expires_at, clock_timestamp(), ttl, lease FROM idempotency_keys"
+            " WHERE owner = %s::oid AND scope = %s AND key = %s", (owner, scope, key)).fetchone()
         if r is None:
             return None
         names = ("owner", "fingerprint", "status", "response", "response_code", "recovery_point",
-                 "lease_token", "locked_until", "attempts", "expires_at", "clock")
+                 "lease_token", "locked_until", "attempts", "expires_at", "clock", "ttl", "lease")
         return dict(zip(names, r))
 
     def server_now(self):
@@ -287,17 +345,23 @@ class Fuzz:
         return errs
 
     @staticmethod
-    def interval_errors(iv, nullable=True):
-        text, model = iv
+    def interval_errors(iv, limit=None, zero_ok=False):
+        """SQLSTATEs for a ttl / lease (positive, at most `limit` us) or a wait (zero_ok: not
+        negative, no limit), judged as one span (a month of 30 days)."""
+        text, us = iv
         if text is None:
             return set()
-        if model in ("overflow", "overflow-neg"):
-            # now + it lies beyond the timestamp range (22008); a negative one may also be
-            # reported as not positive first.
-            return {"22008", "22023"} if model == "overflow-neg" else {"22008"}
-        if model <= 0:
+        if us == "range" or us < 0 or (us == 0 and not zero_ok) or (limit is not None and us > limit):
             return {"22023"}
         return set()
+
+    @staticmethod
+    def size_errors(value, limit):
+        """22001 for a fingerprint or recovery point of more than `limit` bytes."""
+        if value is None:
+            return set()
+        n = len(value) if isinstance(value, (bytes, bytearray)) else utf8_len(value)
+        return {"22001"} if n > limit else set()
 
     def check_outcome(self, fn, res, errs, before, after_digest, desc):
         """Common part: an expected error set must produce one of those errors, and a
@@ -318,14 +382,16 @@ class Fuzz:
     def fuzz_claim(self):
         key, scope = self.pools.key(), self.pools.scope()
         fp = self.pools.fingerprint()
-        ttl, lease, wait = self.pools.interval(), self.pools.interval(), self.pools.wait()
+        ttl, lease, wait = self.pools.interval(MAX_TTL_US), self.pools.interval(MAX_LEASE_US), self.pools.wait()
         as_other = self.rng.random() < 0.05
+        caller = self.other_oid if as_other else self.app_oid
         # Every SQLSTATE some argument calls for: the SPEC fixes no order of the checks.
-        errs = (self.key_errors(key, scope) | self.interval_errors(ttl) | self.interval_errors(lease)
-                | self.interval_errors(wait))
+        errs = (self.key_errors(key, scope) | self.interval_errors(ttl, MAX_TTL_US)
+                | self.interval_errors(lease, MAX_LEASE_US) | self.interval_errors(wait, zero_ok=True)
+                | self.size_errors(fp, MAX_FINGERPRINT))
         desc = "claim_key(%s, fp %s, scope %s, ttl %s, lease %s, wait %s)%s" % (
             short(key), short(fp), short(scope), ttl[0], lease[0], wait[0], " as other" if as_other else "")
-        row = self.row(scope if scope is not None else "", key if key is not None else "")
+        row = self.row(caller, scope if scope is not None else "", key if key is not None else "")
         before = self.digest()
         t0 = self.server_now()
         res = self.call(self.other if as_other else self.app,
@@ -337,8 +403,7 @@ class Fuzz:
         after = self.digest()
         if not self.check_outcome("claim_key", res, errs, before, after, desc):
             return
-        caller = self.admin.execute("SELECT %s::regrole::oid", ("fuzz_other" if as_other else "fuzz_app",)).fetchone()[0]
-        expected = self.expect_claim(row, fp, caller, t0, t1, wait)
+        expected = self.expect_claim(row, fp, t0, t1, wait)
         if res[0] == "error":
             self.prop("claim_key: valid arguments follow the SPEC status table", res[1] in expected,
                       "%s -> %s %s (expected %s)" % (desc, res[1], res[2], sorted(expected)))
@@ -346,7 +411,7 @@ class Fuzz:
         status, token, response, code, rfp, rp, attempts, retry = res[1][0]
         self.prop("claim_key: valid arguments follow the SPEC status table", status in expected,
                   "%s -> %s (expected %s; row %s)" % (desc, status, sorted(expected), brief(row)))
-        new = self.row(scope, key)
+        new = self.row(caller, scope, key)
         if status in ("replay", "mismatch", "in_progress"):
             self.prop("claim_key: replay / mismatch / in_progress write nothing", after == before, desc)
             self.prop("claim_key: no token unless claimed", token is None, desc)
@@ -367,15 +432,26 @@ class Fuzz:
                 ok = ok and new["recovery_point"] == row["recovery_point"]
             self.prop("claim_key: a claim stores the holder's token, owner and attempts", ok,
                       "%s -> %s, row %s" % (desc, status, brief(new)))
-            if token is not None and not as_other:
-                self.tokens.append((scope, key, token))
+            want_ttl = datetime.timedelta(microseconds=DEFAULT_TTL_US if ttl[0] is None else ttl[1])
+            want_lease = datetime.timedelta(microseconds=DEFAULT_LEASE_US if lease[0] is None else lease[1])
+            # expires_at = now + ttl, locked_until = now + lease, and a processing key never
+            # expires while its lease runs: one span each, whatever the calendar says a month is.
+            self.prop("claim_key: a claim stores its ttl and lease, each as one span",
+                      new is not None and new["ttl"] == want_ttl and new["lease"] == want_lease
+                      and new["expires_at"] - new["locked_until"] == max(want_ttl - want_lease, datetime.timedelta(0)),
+                      "%s -> ttl %s lease %s expires %s locked until %s" % (
+                          desc, new and new["ttl"], new and new["lease"], new and new["expires_at"],
+                          new and new["locked_until"]))
+            if token is not None:
+                self.tokens.append((caller, scope, key, token))
 
-    def expect_claim(self, row, fp, caller, t0, t1, wait):
-        """Statuses (or SQLSTATEs) the SPEC allows, given the row read just before."""
+    def expect_claim(self, row, fp, t0, t1, wait):
+        """Statuses (or SQLSTATEs) the SPEC allows, given the caller's own row read just
+        before (another role's row of the same scope and key is another key: never here)."""
         slack = datetime.timedelta(milliseconds=100)
         lo, hi = t0 - slack, t1 + slack
-        if wait[1] == 1:
-            hi += datetime.timedelta(milliseconds=10)
+        if wait[0] is not None and wait[1] > 0:
+            hi += datetime.timedelta(microseconds=wait[1])
         out = set()
         if row is None:
             return {"claimed"}
@@ -390,9 +466,6 @@ class Fuzz:
         for expired in expired_options:
             if expired:
                 out.add("claimed")
-                continue
-            if row["owner"] != caller:
-                out.add("42501")
                 continue
             if fp is not None and row["fingerprint"] is not None and bytes(fp) != bytes(row["fingerprint"]):
                 out.add("mismatch")
@@ -411,21 +484,26 @@ class Fuzz:
 
     # -------------------------------------------------------------- fenced functions
 
-    def token(self, scope, key):
+    def token(self, owner, scope, key):
         r = self.rng.random()
-        mine = [t for s, k, t in self.tokens if s == scope and k == key]
+        mine = [t for o, s, k, t in self.tokens if o == owner and s == scope and k == key]
+        theirs = [t for o, s, k, t in self.tokens if o != owner and s == scope and k == key]
         if r < 0.45 and mine:
             return mine[-1]          # the newest token of this key
         if r < 0.6 and mine:
             return self.rng.choice(mine)  # possibly stale
+        if r < 0.65 and theirs:
+            return self.rng.choice(theirs)  # the same (scope, key) of the other role: another key's
         if r < 0.7 and self.tokens:
-            return self.rng.choice(self.tokens)[2]  # another key's
-        return self.rng.choice([None, uuid.UUID(int=0), uuid.UUID(int=(1 << 128) - 1), uuid.uuid4(),
+            return self.rng.choice(self.tokens)[3]  # another key's
+        return self.rng.choice([None, uuid.UUID(int=0), uuid.UUID(int=(1 << 128) - 1),
+                                uuid.UUID(int=self.rng.getrandbits(128), version=4),
                                 uuid.UUID("01890000-0000-7000-8000-000000000000")])
 
-    def fenced_expectation(self, row, token, caller, now_lo, now_hi):
-        """What complete / release / checkpoint may do: 'hold' (token holds the key),
-        'completed-same' (completed with this token) or an error set."""
+    def fenced_expectation(self, row, token, now_lo, now_hi):
+        """What complete / release / checkpoint may do with the caller's own row: 'hold'
+        (token holds the key), 'completed-same' (completed with this token) or an error set.
+        Another role's row is never consulted: without one of its own the caller gets P0002."""
         if row is None:
             return {"P0002"}
         options = set()
@@ -433,8 +511,6 @@ class Fuzz:
         for expired in ([True] if exp <= now_lo else [False] if exp > now_hi else [True, False]):
             if expired:
                 options.add("P0002")
-            elif row["owner"] != caller:
-                options.add("42501")
             elif row["status"] == "completed":
                 options.add("completed-same" if row["lease_token"] == token else "55000")
             elif row["lease_token"] is not None and row["lease_token"] == token:
@@ -445,9 +521,11 @@ class Fuzz:
 
     def fuzz_fenced(self, fn):
         key, scope = self.pools.key(), self.pools.scope()
+        as_other = self.rng.random() < 0.1
+        caller = self.other_oid if as_other else self.app_oid
         if self.rng.random() < 0.6 and self.tokens:
-            scope, key, _ = self.rng.choice(self.tokens)
-        token = self.token(scope, key)
+            _, scope, key, _ = self.rng.choice(self.tokens)
+        token = self.token(caller, scope, key)
         errs = self.key_errors(key, scope)
         if token is None:
             errs.add("22004")
@@ -466,24 +544,28 @@ class Fuzz:
             query = "SELECT release_key(%s::text, %s::uuid, %s::text)"
             params = [key, token, scope]
         else:
-            rp = self.rng.choice([None, "", "step-1", "charged", "\u00e9" * 1000, "x" * 100000])
-            lease = self.pools.interval()
-            errs |= self.interval_errors(lease)
+            rp = self.rng.choice([None, "", "step-1", "step-1", "charged", "charged", "x" * MAX_RECOVERY_POINT,
+                                  "\u00e9" * (MAX_RECOVERY_POINT // 2)] if self.rng.random() < 0.8 else
+                                 ["\u00e9" * (MAX_RECOVERY_POINT // 2 + 1), "x" * (MAX_RECOVERY_POINT + 1),
+                                  "\u00e9" * 1000, "x" * 100000])
+            lease = self.pools.interval(MAX_LEASE_US)
+            errs |= self.interval_errors(lease, MAX_LEASE_US) | self.size_errors(rp, MAX_RECOVERY_POINT)
             query = "SELECT checkpoint_key(%s::text, %s::uuid, %s::text, %s::text, %s::interval)"
             params = [key, token, rp, scope, lease[0]]
             extra = " rp %s lease %s" % (short(rp), lease[0])
-        desc = "%s(%s, token %s, scope %s)%s" % (fn, short(key), str(token)[:13], short(scope), extra)
-        row = self.row(scope if scope is not None else "", key if key is not None else "")
+        desc = "%s(%s, token %s, scope %s)%s%s" % (fn, short(key), str(token)[:13], short(scope), extra,
+                                                   " as other" if as_other else "")
+        row = self.row(caller, scope if scope is not None else "", key if key is not None else "")
         before = self.digest()
         t0 = self.server_now()
-        res = self.call(self.app, query, params)
+        res = self.call(self.other if as_other else self.app, query, params)
         t1 = self.server_now()
         after = self.digest()
         if not self.check_outcome(fn, res, errs, before, after, desc):
             return
         slack = datetime.timedelta(milliseconds=100)
-        expected = self.fenced_expectation(row, token, self.app_oid, t0 - slack, t1 + slack)
-        new = self.row(scope, key)
+        expected = self.fenced_expectation(row, token, t0 - slack, t1 + slack)
+        new = self.row(caller, scope, key)
         if res[0] == "error":
             allowed = {e for e in expected if e[0].isdigit() or e[0] == "P"}
             if fn == "complete_key" and "completed-same" in expected:
@@ -509,6 +591,14 @@ class Fuzz:
         else:
             self.prop("checkpoint_key: stores the recovery point",
                       new is not None and new["recovery_point"] == params[2] and new["lease_token"] == token, desc)
+            # A NULL lease renews by the lease the claim was made with (the row's), not by
+            # idempotency.default_lease.
+            until = res[1][0][0]
+            lease_of = row["lease"] if lease[0] is None else datetime.timedelta(microseconds=lease[1])
+            self.prop("checkpoint_key: renews by the lease given, or else by the claim's own",
+                      new is not None and new["locked_until"] == until
+                      and t0 - slack + lease_of <= until <= t1 + slack + lease_of,
+                      "%s -> until %s, between %s and %s + %s" % (desc, until, t0, t1, lease_of))
 
     # -------------------------------------------------------------- helpers' properties
 
@@ -540,7 +630,7 @@ class Fuzz:
                           res[0] == "error" and res[1] == "22008", "%s -> %s" % (ts, res))
             self.prop("helpers write nothing", self.digest() == before, str(ts))
         # uuid_v7_time of other versions and odd values.
-        for u, v7 in [(uuid.uuid4(), False), (uuid.UUID(int=0), False), (uuid.UUID(int=(1 << 128) - 1), False),
+        for u, v7 in [(uuid.UUID(int=self.rng.getrandbits(128), version=4), False), (uuid.UUID(int=0), False), (uuid.UUID(int=(1 << 128) - 1), False),
                       (uuid.uuid1(), False), (None, False)]:
             res = self.call(c, "SELECT uuid_v7_time(%s::uuid)", (u,))
             self.prop("uuid_v7_time: NULL for non-v7 UUIDs and NULL", res[0] == "ok" and res[1][0][0] is None,
@@ -555,7 +645,7 @@ class Fuzz:
             self.prop("request_fingerprint: NULL in, NULL out", res[0] == "ok" and res[1][0][0] is None, expr)
         for expr, params in [("request_fingerprint(%s::text)", [""]), ("request_fingerprint(%s::bytea)", [b""]),
                              ("request_fingerprint(%s::text)", ["\u00e9" * (5 * 1024 * 1024)]),
-                             ("request_fingerprint(%s::bytea)", [os.urandom(10 * 1024 * 1024)]),
+                             ("request_fingerprint(%s::bytea)", [self.rng.randbytes(10 * 1024 * 1024)]),
                              ("request_fingerprint(fuzz_deep(%s))", [6000]),
                              ("request_fingerprint(%s::jsonb)", ['""']), ("request_fingerprint(%s::jsonb)", ["{}"])]:
             res = self.call(c, "SELECT length(" + expr + ")", params)
@@ -704,10 +794,11 @@ def main():
     ap.add_argument("--workdir", required=True)
     ap.add_argument("--port", type=int, default=5477)
     ap.add_argument("--calls", type=int, default=3000)
-    ap.add_argument("--seed", type=int, default=None)
+    ap.add_argument("--seed", type=int, default=DEFAULT_SEED,
+                    help="random seed (default %d: the same run every day)" % DEFAULT_SEED)
     args = ap.parse_args()
-    if args.seed is None:
-        args.seed = random.SystemRandom().randrange(1 << 30)
+    print("# seed %d (replay with --seed %d, or IDEM_FUZZ_SEED=%d bash test/suites/fuzz.sh)"
+          % (args.seed, args.seed, args.seed), flush=True)
     os.makedirs(args.workdir, exist_ok=True)
     cluster = Cluster(os.path.abspath(args.workdir), args.port)
     cluster.start()

@@ -3,7 +3,7 @@
 # an oracle from SPEC section 3 for every call, documented SQLSTATEs only, no row changed
 # by a failing call, no server crash. Then every Unicode character in keys.
 #   IDEM_FUZZ_CALLS=20000 bash test/suites/fuzz.sh     a longer run
-#   IDEM_FUZZ_SEED=123 ...                             replay one run
+#   IDEM_FUZZ_SEED=123 ...                             another run (the default seed is fixed; printed)
 set -uo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/../lib.sh"
 
