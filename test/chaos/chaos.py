@@ -13,6 +13,11 @@ a delivery whose consumer dies unacknowledged is delivered again; `in_progress` 
 by redelivering after retry_after), injects the faults, checks the end state, prints the
 figures and one "ok"/"not ok" line per assertion, and ends with "N passed, N failed".
 
+The consumers connect as an application role (chaos_app: USAGE on schema idempotency,
+rights on the business tables only) and call the functions schema-qualified, as the
+README shows. The random seed is fixed (DEFAULT_SEED) unless --seed gives another, and
+always printed.
+
 Two patterns, half of the messages each:
   inbox      one transaction: claim_key, debit the account, complete_key, COMMIT.
   two-phase  claim_key + COMMIT; external call (a line appended to a side-effect log
@@ -42,6 +47,10 @@ from valgrind_support import VALGRIND, valgrind_checks, valgrind_opts  # noqa: E
 
 
 LEASE = "2 seconds"
+# The role the consumers connect as (keys belong to it).
+APP_ROLE = "chaos_app"
+# No verdict may depend on the day the test runs: the seed is fixed unless one is given.
+DEFAULT_SEED = 20261201
 
 # Phases a consumer reports just before (or after, for committed steps) the step; the
 # coordinator kills consumers at some of them.
@@ -122,7 +131,7 @@ def consumer_main(args):
         cur.execute(
             "SELECT status::text, token, response, recovery_point, attempts,"
             " extract(epoch FROM retry_after)::float8"
-            " FROM claim_key(%s, request_fingerprint(%s::jsonb), %s, NULL, %s::interval)",
+            " FROM idempotency.claim_key(%s, idempotency.request_fingerprint(%s::jsonb), %s, NULL, %s::interval)",
             (msg, payload, scope, LEASE))
         return cur.fetchone()
 
@@ -141,7 +150,7 @@ def consumer_main(args):
                         cur.execute("INSERT INTO inbox_applied (msg, token, amount) VALUES (%s, %s, %s)",
                                     (d["m"], token, d["a"]))
                         phase("inbox_tx")
-                        cur.execute("SELECT (complete_key(%s, %s, %s::jsonb, 200, 'inbox')).status::text",
+                        cur.execute("SELECT (idempotency.complete_key(%s, %s, %s::jsonb, 200, 'inbox')).status::text",
                                     (d["m"], token, payload))
                         conn.commit()
                         losses[0] = 0
@@ -202,7 +211,7 @@ def consumer_main(args):
                             os.write(extlog, ("%s %s %s\n" % (d["m"], token, d["a"])).encode())
                             called = True
                             phase("called")
-                        cur.execute("SELECT checkpoint_key(%s, %s, 'charged', '2pc', %s::interval)",
+                        cur.execute("SELECT idempotency.checkpoint_key(%s, %s, 'charged', '2pc', %s::interval)",
                                     (d["m"], token, LEASE))
                         conn.commit()
                         rp = "charged"
@@ -211,7 +220,7 @@ def consumer_main(args):
                     phase("completing")
                     cur.execute("INSERT INTO twophase_done (msg, token) VALUES (%s, %s)"
                                 " ON CONFLICT DO NOTHING", (d["m"], token))
-                    cur.execute("SELECT (complete_key(%s, %s, %s::jsonb, 200, '2pc')).status::text",
+                    cur.execute("SELECT (idempotency.complete_key(%s, %s, %s::jsonb, 200, '2pc')).status::text",
                                 (d["m"], token, payload))
                     conn.commit()
                     losses[0] = 0
@@ -307,11 +316,11 @@ class PgBouncer:
         self.ini = os.path.join(workdir, "pgbouncer.ini")
         self.pidfile = os.path.join(workdir, "pgbouncer.pid")
         with open(os.path.join(workdir, "userlist.txt"), "w") as f:
-            f.write('"postgres" ""\n')
+            f.write('"postgres" ""\n"%s" ""\n' % APP_ROLE)
         with open(self.ini, "w") as f:
             f.write("\n".join([
                 "[databases]",
-                "chaos = host=%s port=%d dbname=chaos user=postgres" % (workdir, server_port),
+                "chaos = host=%s port=%d dbname=chaos" % (workdir, server_port),
                 "[pgbouncer]",
                 "listen_addr =",
                 "listen_port = %d" % port,
@@ -428,11 +437,17 @@ def run_main(args):
             # No unique constraint: a double application would show as a second row.
             c.execute("CREATE TABLE inbox_applied (msg text, token uuid, amount numeric(18,2))")
             c.execute("CREATE TABLE twophase_done (msg text, token uuid, UNIQUE (msg, token))")
-        consumer_dsn = dsn
+            # The consumers' application role: the one grant the README asks for, and the
+            # business tables.
+            c.execute("CREATE ROLE %s LOGIN" % APP_ROLE)
+            c.execute("GRANT USAGE ON SCHEMA idempotency TO %s" % APP_ROLE)
+            c.execute("GRANT SELECT, UPDATE ON accounts TO %s" % APP_ROLE)
+            c.execute("GRANT INSERT ON inbox_applied, twophase_done TO %s" % APP_ROLE)
+        consumer_dsn = "host=%s port=%d user=%s dbname=chaos" % (workdir, args.port, APP_ROLE)
         if args.pgbouncer:
             bouncer = PgBouncer(workdir, args.port + 1, args.port)
             bouncer.start()
-            consumer_dsn = "host=%s port=%d user=postgres dbname=chaos" % (workdir, args.port + 1)
+            consumer_dsn = "host=%s port=%d user=%s dbname=chaos" % (workdir, args.port + 1, APP_ROLE)
 
         msgs, stream = build_deliveries(rng, args.messages, args.accounts)
         by_id = {m["m"]: m for m in msgs}
@@ -647,9 +662,12 @@ def run_main(args):
             balances = dict(c.execute("SELECT id, balance FROM accounts").fetchall())
             applied = c.execute("SELECT msg, count(*) FROM inbox_applied GROUP BY msg").fetchall()
             done = c.execute("SELECT msg, count(DISTINCT token) FROM twophase_done GROUP BY msg").fetchall()
-            keys = c.execute("SELECT scope, key, status::text, attempts FROM idempotency_keys").fetchall()
+            keys = c.execute("SELECT scope, key, status::text, attempts FROM idempotency.idempotency_keys"
+                             " WHERE owner = %s::regrole", (APP_ROLE,)).fetchall()
+            other_owners = c.execute("SELECT count(*) FROM idempotency.idempotency_keys"
+                                     " WHERE owner <> %s::regrole", (APP_ROLE,)).fetchone()[0]
             stats = c.execute("SELECT claimed, reclaimed, replayed, in_progress, mismatched, completed"
-                              " FROM idempotency_stats WHERE datname = 'chaos'").fetchone()
+                              " FROM idempotency.idempotency_stats WHERE datname = 'chaos'").fetchone()
 
         expected = collections.defaultdict(D)
         for m in inbox_msgs:
@@ -675,6 +693,7 @@ def run_main(args):
               "two-phase: each of %d messages completed exactly once (by two claims: %d, never: %d)"
               % (len(tp_msgs), tp_double, tp_missing))
 
+        check(other_owners == 0, "every key belongs to the consumers' role %s (%d others)" % (APP_ROLE, other_owners))
         key_state = {(s, k): (st, att) for s, k, st, att in keys}
         processing = sum(1 for st, _ in key_state.values() if st == "processing")
         check(processing == 0, "no key is left processing (%d)" % processing)
@@ -798,7 +817,8 @@ def main():
     r.add_argument("--tampered", type=int, default=20)
     r.add_argument("--timeout", type=int, default=600)
     r.add_argument("--pgbouncer", action="store_true")
-    r.add_argument("--seed", type=int, default=None)
+    r.add_argument("--seed", type=int, default=DEFAULT_SEED,
+                   help="random seed (default %d: the same run every day)" % DEFAULT_SEED)
     sabotage_help = ("self-test of the harness: consumers with a deliberate bug, so that the "
                      "checks must fail: 'debit-on-replay' (inbox) or 'ignore-recovery-point' (two-phase)")
     r.add_argument("--sabotage", default="none", choices=("none", "debit-on-replay", "ignore-recovery-point"),
@@ -811,8 +831,7 @@ def main():
     if args.cmd == "consumer":
         consumer_main(args)
         return 0
-    if args.seed is None:
-        args.seed = random.SystemRandom().randrange(1 << 30)
+    print("# seed %d (replay with --seed %d)" % (args.seed, args.seed), flush=True)
     args.kill_probability = {p: args.kill_rate for p in KILL_PHASES}
     return run_main(args)
 
