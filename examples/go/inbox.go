@@ -1,9 +1,13 @@
 // An at-least-once message handler made idempotent with the idempotency extension and
 // pgx v5 (inbox pattern: claim, business write, complete, COMMIT in one transaction).
 // A snippet for the README, not built by the project's tests (no Go toolchain needed
-// there). To try it:
+// there). The extension lives in its own schema, idempotency: the role the handler
+// connects as needs USAGE on it (as a superuser, once: CREATE EXTENSION idempotency;
+// GRANT USAGE ON SCHEMA idempotency TO app; and the rights on the business table,
+// GRANT SELECT, INSERT, UPDATE ON accounts TO app), and the functions are called
+// schema-qualified. To try it:
 //
-//	go mod init example && go get github.com/jackc/pgx/v5 && go run . "postgres:///mydb"
+//	go mod init example && go get github.com/jackc/pgx/v5 && go run . "postgres:///mydb?user=app"
 package main
 
 import (
@@ -35,7 +39,7 @@ func HandleOnce(ctx context.Context, pool *pgxpool.Pool, key string, payload []b
 		var retryAfter *float64
 		err := tx.QueryRow(ctx,
 			`SELECT status::text, token::text, response::text, extract(epoch FROM retry_after)::float8
-			   FROM claim_key($1, request_fingerprint($2::text::jsonb))`,
+			   FROM idempotency.claim_key($1, idempotency.request_fingerprint($2::text::jsonb))`,
 			key, string(payload)).Scan(&status, &token, &response, &retryAfter)
 		if err != nil {
 			return err
@@ -49,7 +53,7 @@ func HandleOnce(ctx context.Context, pool *pgxpool.Pool, key string, payload []b
 			if result, err = json.Marshal(out); err != nil {
 				return err
 			}
-			_, err = tx.Exec(ctx, `SELECT complete_key($1, $2::text::uuid, $3::text::jsonb)`,
+			_, err = tx.Exec(ctx, `SELECT idempotency.complete_key($1, $2::text::uuid, $3::text::jsonb)`,
 				key, *token, string(result))
 			return err // nil: BeginFunc commits the key, the effect and the outcome together
 		case "replay":

@@ -18,23 +18,34 @@
 //   no key on a POST    -> 400 Bad Request
 //
 // Connection: the usual PG* environment variables (PGHOST, PGPORT, PGDATABASE, PGUSER)
-// or DATABASE_URL. Listens on PORT (default 3000).
+// or DATABASE_URL, as an ordinary application role. Listens on PORT (default 3000).
+//
+// The extension lives in its own schema, `idempotency`; the one grant the application role
+// needs is `GRANT USAGE ON SCHEMA idempotency TO app`, and the functions are called
+// schema-qualified (idempotency.claim_key, ...). `--setup` does the one-time part, connected
+// with SETUP_DATABASE_URL (a superuser, or the database owner once the extension exists;
+// default: the same connection): CREATE EXTENSION, the tables, and the grants to the role
+// the server connects as.
 'use strict';
 
 const http = require('node:http');
-const { Pool } = require('pg');
+const { Client, Pool } = require('pg');
 
 const pool = new Pool(process.env.DATABASE_URL ? { connectionString: process.env.DATABASE_URL } : {});
 // Only for the tests: keeps the transaction open a while, so duplicates arrive in flight.
 const effectDelayMs = Number(process.env.EXAMPLE_EFFECT_DELAY_MS || 0);
 const MAX_KEY_LENGTH = 255; // idempotency.max_key_length
 
-const SETUP_SQL = `
+const setupSql = (role) => `
   CREATE EXTENSION IF NOT EXISTS idempotency;
   CREATE TABLE IF NOT EXISTS accounts (id text PRIMARY KEY, balance bigint NOT NULL DEFAULT 0);
   CREATE TABLE IF NOT EXISTS payments (
     id bigserial PRIMARY KEY, account text NOT NULL, amount bigint NOT NULL,
-    idempotency_key text NOT NULL, at timestamptz NOT NULL DEFAULT now());`;
+    idempotency_key text NOT NULL, at timestamptz NOT NULL DEFAULT now());
+  -- The server's role: the one grant the extension needs, and the business tables.
+  GRANT USAGE ON SCHEMA idempotency TO ${role};
+  GRANT SELECT, INSERT, UPDATE ON accounts, payments TO ${role};
+  GRANT USAGE ON SEQUENCE payments_id_seq TO ${role};`;
 
 function send(res, status, body, headers = {}) {
   const json = JSON.stringify(body);
@@ -106,14 +117,14 @@ async function postPayment(req, res) {
     const { rows: [claim] } = await client.query(
       `SELECT status::text, token, response, response_code,
               ceil(extract(epoch FROM retry_after))::int AS retry_after
-         FROM claim_key($1, request_fingerprint($2::jsonb), $3)`,
+         FROM idempotency.claim_key($1, idempotency.request_fingerprint($2::jsonb), $3)`,
       [key, raw, scope]);
 
     switch (claim.status) {
       case 'claimed':
       case 'reclaimed': {
         const result = await createPayment(client, key, payment);
-        await client.query('SELECT complete_key($1, $2, $3, $4, $5)',
+        await client.query('SELECT idempotency.complete_key($1, $2, $3, $4, $5)',
           [key, claim.token, JSON.stringify(result.body), result.status, scope]);
         await client.query('COMMIT');
         return send(res, result.status, result.body);
@@ -164,8 +175,21 @@ const server = http.createServer((req, res) => {
   });
 });
 
+// One-time setup, as an administrator, for the role this server connects as.
+async function setup() {
+  const { rows: [{ role }] } = await pool.query('SELECT quote_ident(current_user) AS role');
+  const admin = new Client(process.env.SETUP_DATABASE_URL
+    ? { connectionString: process.env.SETUP_DATABASE_URL } : {});
+  await admin.connect();
+  try {
+    await admin.query(setupSql(role));
+  } finally {
+    await admin.end();
+  }
+}
+
 async function main() {
-  if (process.argv.includes('--setup')) await pool.query(SETUP_SQL);
+  if (process.argv.includes('--setup')) await setup();
   const port = Number(process.env.PORT || 3000);
   server.listen(port, '127.0.0.1', () => console.log(`listening on http://127.0.0.1:${port}`));
 }

@@ -3,9 +3,9 @@
 
 For every message, ONE transaction:
 
-    claim_key(message id, fingerprint of the payload)   -- inside the transaction
+    idempotency.claim_key(message id, fingerprint of the payload)   -- inside the transaction
     business write (here: a ledger row and a balance update)
-    complete_key(message id, token, outcome)
+    idempotency.complete_key(message id, token, outcome)
     COMMIT
 
 The key and the effect commit together or not at all: a crash anywhere before COMMIT
@@ -15,11 +15,17 @@ first copy is still being processed gets `in_progress` (retry after `retry_after
 a different payload under an id already used gets `mismatch` (dead-letter it).
 
 Usage:
-    consumer.py --dsn "host=... dbname=..." --setup [messages.jsonl ...]
+    consumer.py --dsn "dbname=app user=app" --setup --setup-dsn "dbname=app user=postgres" [messages.jsonl ...]
 
 Messages are JSON lines: {"id": "m-1", "account": "alice", "amount": 100}. Reads stdin
 when no file is given. Prints one line per delivery and, at the end, the balances.
 Needs psycopg 3 (Debian: python3-psycopg) and the idempotency extension in the database.
+
+The consumer runs as an ordinary application role. The extension lives in its own schema,
+`idempotency`, and the one grant such a role needs is USAGE on it; the functions are then
+called schema-qualified (or after SET search_path = public, idempotency). --setup does
+this once, connected with --setup-dsn as a superuser (or the database owner once the
+extension exists): CREATE EXTENSION, the tables, and the grants to the consumer's role.
 """
 
 import argparse
@@ -39,6 +45,10 @@ CREATE TABLE IF NOT EXISTS accounts (id text PRIMARY KEY, balance bigint NOT NUL
 CREATE TABLE IF NOT EXISTS ledger (
   entry bigserial PRIMARY KEY, message_id text NOT NULL, account text NOT NULL,
   amount bigint NOT NULL, at timestamptz NOT NULL DEFAULT now());
+-- The consumer's role: the one grant the extension needs, and the business tables.
+GRANT USAGE ON SCHEMA idempotency TO {role};
+GRANT SELECT, INSERT, UPDATE ON accounts, ledger TO {role};
+GRANT USAGE ON SEQUENCE ledger_entry_seq TO {role};
 """
 
 
@@ -72,7 +82,8 @@ def handle(conn, raw, opts, crashes_left):
                     cur.execute(
                         "SELECT status::text, token, response, "
                         "       extract(epoch FROM retry_after)::float8 "
-                        "  FROM claim_key(%s, request_fingerprint(%s::jsonb), %s, wait => %s::interval)",
+                        "  FROM idempotency.claim_key(%s, idempotency.request_fingerprint(%s::jsonb), %s,"
+                        "                             wait => %s::interval)",
                         (msg["id"], raw, SCOPE, f"{opts.wait} seconds"),
                     )
                     status, token, response, retry_after = cur.fetchone()
@@ -84,7 +95,7 @@ def handle(conn, raw, opts, crashes_left):
                             crashes_left[msg["id"]] -= 1
                             raise SimulatedCrash("crash after the business write")
                         cur.execute(
-                            "SELECT 1 FROM complete_key(%s, %s, %s, 200, %s)",
+                            "SELECT 1 FROM idempotency.complete_key(%s, %s, %s, 200, %s)",
                             (msg["id"], token, json.dumps(outcome), SCOPE),
                         )
                         return f"{status} applied balance={outcome['balance']}"
@@ -110,7 +121,10 @@ def log(opts, line):
 def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--dsn", default="", help="libpq connection string (default: PG* environment)")
-    p.add_argument("--setup", action="store_true", help="create the extension and demo tables")
+    p.add_argument("--setup", action="store_true",
+                   help="create the extension and demo tables, and grant them to the consumer's role")
+    p.add_argument("--setup-dsn", default=None,
+                   help="connection for --setup: a superuser or the database owner (default: --dsn)")
     p.add_argument("--name", default="consumer", help="label for the log lines")
     p.add_argument("--wait", type=float, default=0, help="claim_key wait, seconds (default 0)")
     p.add_argument("--work-delay", type=float, default=0, help="sleep inside the transaction (s)")
@@ -123,7 +137,10 @@ def main():
 
     with psycopg.connect(opts.dsn, autocommit=True) as conn:
         if opts.setup:
-            conn.execute(SETUP_SQL)
+            (role,) = conn.execute("SELECT quote_ident(current_user)").fetchone()
+            setup_dsn = opts.dsn if opts.setup_dsn is None else opts.setup_dsn
+            with psycopg.connect(setup_dsn, autocommit=True) as admin:
+                admin.execute(SETUP_SQL.format(role=role))
         crashes_left = {i: 1 for i in opts.crash_once}
         streams = [open(f, encoding="utf-8") for f in opts.files] or [sys.stdin]
         for stream in streams:

@@ -8,6 +8,11 @@
 SET client_min_messages = warning;
 CREATE EXTENSION IF NOT EXISTS idempotency;
 CREATE TABLE IF NOT EXISTS walkthrough_orders (id bigserial PRIMARY KEY, sku text, qty int);
+-- The extension lives in its own schema, idempotency. An application role needs USAGE on
+-- it (GRANT USAGE ON SCHEMA idempotency TO app;) and calls idempotency.claim_key(...), or
+-- puts the schema on its search_path, as this walkthrough does. Keys belong to the role
+-- that claims them (current_user).
+SET search_path = public, idempotency;
 
 \echo
 \echo '== 1. Inbox pattern: claim, business write, complete and COMMIT in one transaction'

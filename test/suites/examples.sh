@@ -5,7 +5,10 @@
 #   examples/node                 HTTP Idempotency-Key endpoint, real requests (npm ci,
 #                                 node --test): 400 / replay / 409 / 422 / concurrency
 #   examples/sql/walkthrough.sql  runs twice and prints exactly walkthrough.out
-# Ends with "N passed, N failed".
+# The Python consumer and the Node server run as ordinary application roles (their --setup,
+# as the superuser, grants them USAGE on schema idempotency and the business tables), on a
+# server whose search_path does not name the extension's schema: the examples work the way
+# the README tells users to set things up. Ends with "N passed, N failed".
 set -uo pipefail
 source "$(dirname "$0")/../lib.sh"
 # node and npm may come from elsewhere (nodesource); install Debian's only when absent.
@@ -34,17 +37,23 @@ has() {
 q() { psql -X -At -v ON_ERROR_STOP=1 "$@"; }
 
 PGPORT_EX="$(idem_free_port 5480 5489)" || idem_die "no free port in 5480-5489"
-cluster_start "$IDEM_SCRATCH/pg" "$PGPORT_EX"
+# The test servers' search_path names the extension's schema (test/lib.sh); users' servers
+# do not: nor does this one.
+cluster_start "$IDEM_SCRATCH/pg" "$PGPORT_EX" "search_path = '\"\$user\", public'"
 for db in py node walk; do q -c "CREATE DATABASE $db" postgres >/dev/null; done
+q -c "CREATE ROLE py_app LOGIN" -c "CREATE ROLE node_app LOGIN" postgres >/dev/null
 OUT="$IDEM_SCRATCH/out"
 mkdir -p "$OUT"
 
 # --- Python: inbox consumer ------------------------------------------------------------
 echo "# python: one consumer, every message delivered two or three times, one crash"
-DSN="host=$PGHOST port=$PGPORT user=postgres dbname=py"
-"$PY" "$EX/python/consumer.py" --dsn "$DSN" --setup --name one --crash-once pay-2 \
-  "$EX/python/messages.jsonl" >"$OUT/py1.log" 2>&1
+DSN="host=$PGHOST port=$PGPORT user=py_app dbname=py"
+"$PY" "$EX/python/consumer.py" --dsn "$DSN" --setup --setup-dsn "host=$PGHOST port=$PGPORT user=postgres dbname=py" \
+  --name one --crash-once pay-2 "$EX/python/messages.jsonl" >"$OUT/py1.log" 2>&1
 check "python consumer exits 0" test $? -eq 0
+check "python: the consumer ran as py_app, not a superuser, with USAGE on schema idempotency" \
+  test "$(q -d py -c "SELECT rolsuper, has_schema_privilege('py_app', 'idempotency', 'USAGE')
+                        FROM pg_roles WHERE rolname = 'py_app'")" = "f|t"
 check "python: first delivery of pay-1 applied" has "$OUT/py1.log" $'^\\[one\\] pay-1\tclaimed applied balance=100$'
 check "python: crash after the write rolled back, redelivery applied once" \
   bash -c "grep -qE $'pay-2\tcrashed' '$OUT/py1.log' && grep -qE $'pay-2\tclaimed applied balance=250\$' '$OUT/py1.log'"
@@ -78,6 +87,8 @@ check "python race: A applied the effect" has "$OUT/pyA.log" $'race-1\tclaimed a
 check "python race: B was told in_progress while A was running" has "$OUT/pyB.log" $'race-1\tin_progress \\(attempt 1\\)'
 check "python race: B then got the replay" has "$OUT/pyB.log" $'race-1\treplay skipped \\(first delivery left balance=30\\)$'
 check "python race: one ledger row" test "$(q -d py -c "SELECT count(*) FROM ledger WHERE message_id = 'race-1'")" = 1
+check "python: every key belongs to the consumer's role" \
+  test "$(q -d py -c "SELECT count(*) > 0 AND bool_and(owner = 'py_app'::regrole) FROM idempotency.idempotency_keys")" = t
 cat "$OUT/py1.log" "$OUT/pyA.log" "$OUT/pyB.log" | sed 's/^/    /'
 
 # --- Node.js: HTTP endpoint --------------------------------------------------------------
@@ -85,7 +96,8 @@ echo "# node $(node --version): npm ci, then node --test with real HTTP requests
 if (cd "$EX/node" && npm ci --no-audit --no-fund --loglevel=error) >"$OUT/npm.log" 2>&1; then
   ok "node: npm ci"
   http_port="$(idem_free_port $((PGPORT_EX + 1)) 5489)" || idem_die "no free HTTP port in 5480-5489"
-  (cd "$EX/node" && PGDATABASE=node HTTP_PORT="$http_port" \
+  (cd "$EX/node" && PGDATABASE=node PGUSER=node_app HTTP_PORT="$http_port" \
+    SETUP_DATABASE_URL="postgresql:///node?host=$PGHOST&port=$PGPORT&user=postgres" \
     node --test --test-reporter=tap test/http.test.js) >"$OUT/node.tap" 2>&1
   rc_node=$?
   grep -E '^(not )?ok |^# (pass|fail)' "$OUT/node.tap" | sed 's/^/    /'
@@ -103,6 +115,9 @@ if (cd "$EX/node" && npm ci --no-audit --no-fund --loglevel=error) >"$OUT/npm.lo
   check "node: each effect once in the database" \
     test "$(q -d node -c "SELECT count(*) FROM (SELECT idempotency_key FROM payments
                                                 GROUP BY 1 HAVING count(*) > 1) s")" = 0
+  check "node: the server ran as node_app, which owns every key" \
+    test "$(q -d node -c "SELECT count(*) > 0 AND bool_and(owner = 'node_app'::regrole)
+                          FROM idempotency.idempotency_keys")" = t
 else
   sed 's/^/    | /' "$OUT/npm.log"
   not_ok "node: npm ci"
