@@ -7,9 +7,15 @@
 \pset format wrapped
 \pset columns 110
 SET client_min_messages = warning;
+-- The extension lives in its own schema, idempotency (demo/run.sh created it). An
+-- application role needs one grant, GRANT USAGE ON SCHEMA idempotency TO app, and calls
+-- idempotency.claim_key(...), or puts the schema on its search_path as this session does.
+-- The consumer function below names it explicitly, so it works whatever the search_path of
+-- the session that calls it.
+SET search_path = public, idempotency;
 
 \echo 'The consumer in demo/demo.sql calls, inside its own transaction:'
-\echo '  claim_key(message_id, request_fingerprint(body), scope => ''payments'')'
+\echo '  idempotency.claim_key(message_id, idempotency.request_fingerprint(body), scope => ''payments'')'
 \echo '  -> claimed: charge, complete_key(message_id, token, response, 201); replay: return the'
 \echo '     stored response; mismatch: 422; in_progress: 409 + retry_after'
 \echo
@@ -49,10 +55,11 @@ CREATE FUNCTION consume(msg jsonb, OUT status text, OUT response_code int,
                         OUT response jsonb, OUT charged boolean)
 LANGUAGE plpgsql AS $$
 DECLARE
-  c claim_result;
+  c idempotency.claim_result;
   payment int;
 BEGIN
-  c := claim_key(msg->>'message_id', request_fingerprint(msg->'body'), scope => 'payments');
+  c := idempotency.claim_key(msg->>'message_id', idempotency.request_fingerprint(msg->'body'),
+                             scope => 'payments');
   status := c.status;
   charged := false;
   CASE c.status
@@ -64,7 +71,8 @@ BEGIN
       RETURNING id INTO payment;
       response := jsonb_build_object('payment', payment, 'charged', msg->'body'->'amount');
       response_code := 201;
-      PERFORM complete_key(msg->>'message_id', c.token, response, response_code, scope => 'payments');
+      PERFORM idempotency.complete_key(msg->>'message_id', c.token, response, response_code,
+                                       scope => 'payments');
       charged := true;
     WHEN 'replay' THEN          -- already done: return the stored outcome, touch nothing
       response := c.response;

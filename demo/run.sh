@@ -16,7 +16,10 @@ if ! idem_pg_can_reach "$IDEM_ROOT"; then
 fi
 idem_log "Starting a throw-away PostgreSQL 15 in $dir ..."
 mkdir -p "$dir"
-cluster_start "$dir" "" "log_min_messages = warning" || idem_die "could not start the demo server"
+# A server as users have it: its search_path does not name the extension's schema (the
+# test servers' does; see test/lib.sh).
+cluster_start "$dir" "" "log_min_messages = warning" "search_path = '\"\$user\", public'" ||
+  idem_die "could not start the demo server"
 # The demo script is read from the cluster dir, which postgres can read.
 cp "$IDEM_ROOT/demo/demo.sql" "$dir/demo.sql"
 idem_is_root && chown postgres: "$dir/demo.sql"
