@@ -48,7 +48,8 @@ cluster_start "$DIR" "$PORT" \
   "autovacuum = off" \
   "shared_buffers = '1GB'" \
   "max_wal_size = '8GB'" \
-  "checkpoint_timeout = '30min'"
+  "checkpoint_timeout = '30min'" \
+  "search_path = '\"\$user\", public, idempotency'"
 cp "$HERE/cleanup/setup.sql" "$HERE/cleanup/claim.sql" "$DIR/"
 idem_is_root && chown postgres: "$DIR"/*.sql
 

@@ -80,6 +80,7 @@ for old in "$RESULTS"/scratch-*; do
 done
 
 # Durable by default (fsync on): synchronous_commit = on then pays a real WAL flush.
+# The workloads call the extension's functions (schema idempotency) unqualified.
 # Checkpoints and autovacuum are kept out of the measured runs (checkpoints only where a
 # part asks for one), so that no competitor pays for another's writes.
 cluster_start "$IDEM_SCRATCH/cluster" "$PORT" \
@@ -90,7 +91,8 @@ cluster_start "$IDEM_SCRATCH/cluster" "$PORT" \
   "checkpoint_timeout = 1h" \
   "autovacuum = off" \
   "max_connections = 40" \
-  "log_min_messages = warning"
+  "log_min_messages = warning" \
+  "search_path = '\"\$user\", public, idempotency'"
 
 # perf resolves our symbols through its build-id cache even when a later `make install`
 # replaces the library file the server has mapped.

@@ -31,11 +31,11 @@ run_scale() {
       while ((have < target)); do
         step_rows=$((target - have > 1000000 ? 1000000 : target - have))
         psql_q -d "$db" -c "
-          INSERT INTO idempotency_keys (scope, key, owner, fingerprint, attempts, ttl, created_at,
+          INSERT INTO idempotency_keys (scope, key, owner, fingerprint, attempts, ttl, lease, created_at,
                                         expires_at, lease_token, locked_until, status,
                                         response_code, updated_at, response)
           SELECT '', $([[ $source == v7 ]] && echo 'gen_uuid_v7()::text' || echo 'gen_random_uuid()::text'),
-                 'postgres'::regrole::oid, bench_fp(), 1, interval '24 hours', now(),
+                 'postgres'::regrole::oid, bench_fp(), 1, interval '24 hours', interval '5 minutes', now(),
                  now() + interval '24 hours', gen_uuid_v7(), now() + interval '5 minutes',
                  'completed', 200, now(), jsonb_build_object('status', 'ok', 'payment_id', n)
             FROM generate_series(1, $step_rows) n" >/dev/null

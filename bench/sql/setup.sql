@@ -16,15 +16,15 @@ CREATE FUNCTION bench_fp() RETURNS bytea IMMUTABLE LANGUAGE sql
 
 -- Preloaded keys: 'c<n>' completed (replay, mismatch, primary-key SELECT) and 'p<n>'
 -- processing with a live lease (in_progress), stored as claim + complete store them.
-INSERT INTO idempotency_keys (scope, key, owner, fingerprint, attempts, ttl, created_at,
+INSERT INTO idempotency_keys (scope, key, owner, fingerprint, attempts, ttl, lease, created_at,
                               expires_at, lease_token, locked_until, status, response_code,
                               updated_at, response)
-SELECT '', 'c' || n, 'postgres'::regrole::oid, bench_fp(), 1, interval '24 hours', now(),
+SELECT '', 'c' || n, 'postgres'::regrole::oid, bench_fp(), 1, interval '24 hours', interval '5 minutes', now(),
        now() + interval '24 hours', gen_uuid_v7(), now() + interval '5 minutes', 'completed'::key_status,
        200, now(), jsonb_build_object('status', 'ok', 'payment_id', n, 'amount', 100)
   FROM generate_series(1, :nkeys) n
 UNION ALL
-SELECT '', 'p' || n, 'postgres'::regrole::oid, bench_fp(), 1, interval '24 hours', now(),
+SELECT '', 'p' || n, 'postgres'::regrole::oid, bench_fp(), 1, interval '24 hours', interval '5 minutes', now(),
        now() + interval '24 hours', gen_uuid_v7(), now() + interval '7 days', 'processing'::key_status,
        NULL, now(), NULL
   FROM generate_series(1, :nkeys) n;
@@ -33,7 +33,7 @@ INSERT INTO pl_keys SELECT * FROM idempotency_keys;
 
 -- The obvious hand-written alternative, written plainly as a user would: insert on
 -- conflict, then read the row FOR UPDATE and apply the same checks as claim_key
--- (expiry, owner, fingerprint, completed, lease).
+-- (expiry, fingerprint, completed, lease), with keys per role as claim_key keeps them.
 CREATE FUNCTION pl_claim(p_key text, p_fingerprint bytea DEFAULT NULL, p_scope text DEFAULT '',
                          p_ttl interval DEFAULT '24 hours', p_lease interval DEFAULT '5 minutes',
                          OUT status text, OUT token uuid, OUT response jsonb,
@@ -43,27 +43,25 @@ DECLARE
   r pl_keys%ROWTYPE;
 BEGIN
   token := gen_random_uuid();
-  INSERT INTO pl_keys (scope, key, owner, fingerprint, ttl, created_at, expires_at,
+  INSERT INTO pl_keys (owner, scope, key, fingerprint, ttl, lease, created_at, expires_at,
                        lease_token, locked_until, updated_at)
-  VALUES (p_scope, p_key, current_user::regrole::oid, p_fingerprint, p_ttl, now(),
+  VALUES (current_user::regrole, p_scope, p_key, p_fingerprint, p_ttl, p_lease, now(),
           now() + p_ttl, token, now() + p_lease, now())
-  ON CONFLICT (scope, key) DO NOTHING;
+  ON CONFLICT (owner, scope, key) DO NOTHING;
   IF FOUND THEN
     status := 'claimed';
     RETURN;
   END IF;
 
-  SELECT * INTO r FROM pl_keys WHERE scope = p_scope AND key = p_key FOR UPDATE;
-  IF r.owner <> current_user::regrole::oid THEN
-    RAISE EXCEPTION 'key belongs to another role' USING ERRCODE = '42501';
-  END IF;
+  SELECT * INTO r FROM pl_keys
+   WHERE owner = current_user::regrole AND scope = p_scope AND key = p_key FOR UPDATE;
   IF r.expires_at <= now() THEN
-    UPDATE pl_keys SET fingerprint = p_fingerprint, attempts = 1, ttl = p_ttl, created_at = now(),
-                       expires_at = now() + p_ttl, lease_token = token,
+    UPDATE pl_keys SET fingerprint = p_fingerprint, attempts = 1, ttl = p_ttl, lease = p_lease,
+                       created_at = now(), expires_at = now() + p_ttl, lease_token = token,
                        locked_until = now() + p_lease, recovery_point = NULL,
                        status = 'processing', response = NULL, response_code = NULL,
                        updated_at = now()
-     WHERE scope = p_scope AND key = p_key;
+     WHERE owner = current_user::regrole AND scope = p_scope AND key = p_key;
     status := 'claimed';
     RETURN;
   END IF;
@@ -84,10 +82,10 @@ BEGIN
     token := NULL;
     RETURN;
   END IF;
-  UPDATE pl_keys SET attempts = attempts + 1, lease_token = token,
+  UPDATE pl_keys SET attempts = attempts + 1, lease_token = token, ttl = p_ttl, lease = p_lease,
                      locked_until = now() + p_lease, expires_at = now() + p_ttl,
                      updated_at = now()
-   WHERE scope = p_scope AND key = p_key;
+   WHERE owner = current_user::regrole AND scope = p_scope AND key = p_key;
   status := 'reclaimed';
 END
 $$;
@@ -100,8 +98,8 @@ BEGIN
   UPDATE pl_keys SET status = 'completed', response = p_response,
                      response_code = p_response_code, updated_at = now(),
                      expires_at = now() + ttl
-   WHERE scope = p_scope AND key = p_key AND lease_token = p_token
-     AND status = 'processing' AND owner = current_user::regrole::oid;
+   WHERE owner = current_user::regrole AND scope = p_scope AND key = p_key AND lease_token = p_token
+     AND status = 'processing';
   IF NOT FOUND THEN
     RAISE EXCEPTION 'token does not hold key %', p_key USING ERRCODE = '55000';
   END IF;
