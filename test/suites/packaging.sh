@@ -171,12 +171,14 @@ cluster_start "$PGDATA_DIR" "$(idem_free_port 5480 5489)" # preloads the package
 q() { psql -X -qAt -v ON_ERROR_STOP=1 -d postgres "$@"; }
 check "CREATE EXTENSION idempotency with the packaged files" q -c "CREATE EXTENSION idempotency"
 same "installed extension version" "$VERSION" "$(q -c "SELECT extversion FROM pg_extension WHERE extname = 'idempotency'")"
+same "the extension's objects are in its own schema idempotency" "idempotency" \
+  "$(q -c "SELECT extnamespace::regnamespace FROM pg_extension WHERE extname = 'idempotency'")"
 same "claim_key, complete_key and the replay work" "claimed,replay,replay,201" \
-  "$(q -c "SELECT status FROM claim_key('pkg-test')" \
-       -c "SELECT status FROM complete_key('pkg-test', (SELECT lease_token FROM idempotency_keys WHERE key = 'pkg-test'), '{\"ok\": true}', 201)" \
-       -c "SELECT status || ',' || response_code FROM claim_key('pkg-test')" | paste -sd,)"
+  "$(q -c "SELECT status FROM idempotency.claim_key('pkg-test')" \
+       -c "SELECT status FROM idempotency.complete_key('pkg-test', (SELECT lease_token FROM idempotency.idempotency_keys WHERE key = 'pkg-test'), '{\"ok\": true}', 201)" \
+       -c "SELECT status || ',' || response_code FROM idempotency.claim_key('pkg-test')" | paste -sd,)"
 same "the preloaded packaged library serves the shared counters" "t" \
-  "$(q -c "SELECT bool_and(shared_memory) FROM idempotency_stats")"
+  "$(q -c "SELECT bool_and(shared_memory) FROM idempotency.idempotency_stats")"
 cluster_stop "$PGDATA_DIR"
 
 restore
