@@ -298,6 +298,35 @@ COMMENT ON VIEW @extschema@.idempotency_stats IS
 -- Monitoring data, like pg_stat_*: for superusers and members of pg_monitor. (A view runs
 -- its functions with the rights of the querying role, so the function is granted too.)
 REVOKE ALL ON FUNCTION @extschema@.idempotency_stats_rows() FROM PUBLIC;
+
+-- Default privileges of the installing role (ALTER DEFAULT PRIVILEGES ... ON TABLES or ON
+-- FUNCTIONS) may have granted rights on the objects above to other roles. On the tables that
+-- would be fatal: a role with TRIGGER on idempotency_keys runs code as the extension owner,
+-- one with SELECT reads every role's responses. Nobody but the owner keeps a right on a
+-- table or on the two restricted functions; the grants this script means are made below.
+DO $revoke$
+DECLARE
+  item record;
+BEGIN
+  FOR item IN
+    SELECT DISTINCT 'TABLE' AS kind, c.oid::pg_catalog.regclass::pg_catalog.text AS name, a.grantee
+      FROM pg_catalog.pg_class c, pg_catalog.aclexplode(c.relacl) a
+     WHERE c.relnamespace OPERATOR(pg_catalog.=) pg_catalog.to_regnamespace('@extschema@')::pg_catalog.oid
+       AND a.grantee OPERATOR(pg_catalog.<>) c.relowner
+    UNION
+    SELECT DISTINCT 'FUNCTION', p.oid::pg_catalog.regprocedure::pg_catalog.text, a.grantee
+      FROM pg_catalog.pg_proc p, pg_catalog.aclexplode(p.proacl) a
+     WHERE p.pronamespace OPERATOR(pg_catalog.=) pg_catalog.to_regnamespace('@extschema@')::pg_catalog.oid
+       AND p.proname OPERATOR(pg_catalog.=) ANY (ARRAY['idempotency_cleanup', 'idempotency_stats_rows']::pg_catalog.name[])
+       AND a.grantee OPERATOR(pg_catalog.<>) p.proowner
+  LOOP
+    EXECUTE pg_catalog.format('REVOKE ALL ON %s %s FROM %s', item.kind, item.name,
+      CASE WHEN item.grantee OPERATOR(pg_catalog.=) 0 THEN 'PUBLIC'
+           ELSE pg_catalog.quote_ident(pg_catalog.pg_get_userbyid(item.grantee)) END);
+  END LOOP;
+END
+$revoke$;
+
 GRANT EXECUTE ON FUNCTION @extschema@.idempotency_stats_rows() TO pg_monitor;
 GRANT SELECT ON @extschema@.idempotency_stats TO pg_monitor;
 -- Monitoring roles reach the view through the schema (USAGE lets them call the claim

@@ -7,9 +7,15 @@ namespace idem::caller {
 namespace {
 
 constexpr const char* kTableName = "idempotency_keys";
+constexpr const char* kSaltTableName = "key_lock_salt";
 
 // What the catalogs say about a schema and the table in it, read in one pg_call.
 struct Found {
+  // A role that is neither the table's owner nor a superuser but holds a right on one of the
+  // extension's tables (InvalidOid: none; ACL_ID_PUBLIC: PUBLIC).
+  bool untrusted_grant = false;
+  Oid untrusted_grantee = InvalidOid;
+  const char* granted_table = nullptr;
   bool schema_exists = false;
   Oid schema_owner = InvalidOid;
   bool schema_owner_is_superuser = false;
@@ -18,6 +24,26 @@ struct Found {
   Oid table_owner = InvalidOid;
   bool table_owner_is_superuser = false;
 };
+
+// Does the ACL of `tuple` (a pg_class row owned by `owner`) give any right to a role that is
+// neither the owner nor a superuser? With TRIGGER on idempotency_keys such a role would run
+// code as the owner inside every call; with SELECT it would read every role's keys.
+bool grants_untrusted(HeapTuple tuple, Oid owner, Oid* grantee) {
+  bool is_null = true;
+  Datum acl_datum = SysCacheGetAttr(RELOID, tuple, Anum_pg_class_relacl, &is_null);
+  if (is_null) return false;
+  Acl* acl = DatumGetAclP(acl_datum);
+  const AclItem* items = ACL_DAT(acl);
+  for (int i = 0; i < ACL_NUM(acl); ++i) {
+    const Oid role = items[i].ai_grantee;
+    if (role == owner || ACLITEM_GET_PRIVS(items[i]) == 0) continue;
+    if (role == ACL_ID_PUBLIC || !superuser_arg(role)) {
+      *grantee = role;
+      return true;
+    }
+  }
+  return false;
+}
 
 Found look_up(Oid schema) {
   return pg_call([&] {
@@ -38,8 +64,23 @@ Found look_up(Oid schema) {
     auto* form = reinterpret_cast<Form_pg_class>(GETSTRUCT(tuple));
     found.table_kind = form->relkind;
     found.table_owner = form->relowner;
+    if (grants_untrusted(tuple, found.table_owner, &found.untrusted_grantee)) {
+      found.untrusted_grant = true;
+      found.granted_table = kTableName;
+    }
     ReleaseSysCache(tuple);
     found.table_owner_is_superuser = superuser_arg(found.table_owner);
+    // The salt of the key locks (key_lock.cpp): a role that reads it can tell keys in pg_locks.
+    Oid salt = get_relname_relid(kSaltTableName, schema);
+    tuple = OidIsValid(salt) ? SearchSysCache1(RELOID, ObjectIdGetDatum(salt)) : nullptr;
+    if (HeapTupleIsValid(tuple)) {
+      Oid salt_owner = reinterpret_cast<Form_pg_class>(GETSTRUCT(tuple))->relowner;
+      if (!found.untrusted_grant && grants_untrusted(tuple, salt_owner, &found.untrusted_grantee)) {
+        found.untrusted_grant = true;
+        found.granted_table = kSaltTableName;
+      }
+      ReleaseSysCache(tuple);
+    }
     return found;
   });
 }
@@ -83,6 +124,18 @@ Installation checked(Oid schema) {
                 "table idempotency_keys of extension idempotency is owned by role \"" +
                     role_name(found.table_owner) + "\", which is not a superuser",
                 {}, hint);
+  if (found.untrusted_grant)
+    throw Error(ERRCODE_INSUFFICIENT_PRIVILEGE,
+                std::string("table ") + found.granted_table +
+                    " of extension idempotency grants rights to " +
+                    (found.untrusted_grantee == ACL_ID_PUBLIC
+                         ? std::string("PUBLIC")
+                         : "role \"" + role_name(found.untrusted_grantee) + "\"") +
+                    ", which is not a superuser",
+                {},
+                std::string("Only the extension owner may hold rights on its tables: REVOKE ALL ON "
+                            "idempotency.") +
+                    found.granted_table + " FROM that role.");
   return {schema, found.table, found.table_owner};
 }
 

@@ -377,7 +377,10 @@ void run_round() noexcept {
   } catch (const std::exception& e) {
     failure = e.what();
     try {
-      pg_call([&] { ereport(LOG, (errmsg("idempotency cleanup failed: %s", failure.c_str()))); });
+      pg_call([&] {
+        ereport(LOG, (errmsg("idempotency cleanup of database %u failed: %s", MyDatabaseId,
+                             failure.c_str())));
+      });
     } catch (...) {
     }
   }
