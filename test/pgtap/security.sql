@@ -17,7 +17,7 @@
 \pset tuples_only on
 SET client_min_messages = warning;
 
-SELECT plan(207);
+SELECT plan(210);
 
 SELECT pg_backend_pid() AS start_pid \gset
 -- The server log of test/run.sh's pgTAP server (lib.sh: DIR/server.log beside DIR/data),
@@ -840,6 +840,22 @@ DROP TRIGGER sec_probe ON idempotency.idempotency_keys;
 SELECT is((SELECT string_agg(format('%s as %s, %s, search_path %s', op, who, restricted, path), '; ' ORDER BY op) FROM sectest.probe),
           'INSERT as postgres, restricted, search_path pg_catalog, pg_temp; UPDATE as postgres, restricted, search_path pg_catalog, pg_temp',
           'switch: the table work runs as the extension owner, security-restricted, with search_path pg_catalog, pg_temp');
+
+-------------------------------------------------------------------------------
+-- 8b. A right on the extension's tables granted to an untrusted role (by a superuser's
+-- GRANT, or the installing role's default privileges) makes every call refuse: TRIGGER
+-- there would run that role's code as the owner, SELECT would read everyone's keys.
+-------------------------------------------------------------------------------
+GRANT TRIGGER ON idempotency.idempotency_keys TO sec_mallory;
+SELECT is(sectest.state_as('sec_alice', $$SELECT idempotency.claim_key('grant-1')$$), '42501',
+          'grants: a right of mallory on idempotency_keys makes claim_key refuse (42501)');
+REVOKE ALL ON idempotency.idempotency_keys FROM sec_mallory;
+GRANT SELECT ON idempotency.key_lock_salt TO PUBLIC;
+SELECT is(sectest.state_as('sec_alice', $$SELECT idempotency.claim_key('grant-1')$$), '42501',
+          'grants: the salt readable by PUBLIC makes claim_key refuse (42501)');
+REVOKE ALL ON idempotency.key_lock_salt FROM PUBLIC;
+SELECT is(sectest.value_as('sec_alice', $$SELECT status FROM idempotency.claim_key('grant-1')$$), 'claimed',
+          'grants: revoked again, claims work');
 
 -------------------------------------------------------------------------------
 -- 9. Nothing changed the roles; the backend is the one that started.
