@@ -519,10 +519,20 @@ KeyRow explain_fence(Session& store, const KeyName& name, const pg_uuid_t& token
     throw Error(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE,
                 "idempotency key " + name.describe() + " was released",
                 "A released claim cannot be completed; claim the key again.");
+  // Tokens are UUIDv7s made at claim time: one from between the key's creation and the
+  // current holder's claim may be an earlier holder's; any other was never this key's.
+  const std::optional<TimestampTz> issued = uuid_v7::time_of(&token);
+  const std::optional<TimestampTz> current = uuid_v7::time_of(&*row->lease_token);
+  const bool earlier_holder = issued && current && *issued >= row->created_at - 1000 &&
+                              *issued <= *current && row->attempts > 1;
   throw Error(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE,
               "token does not hold idempotency key " + name.describe(),
-              "The key is held by attempt " + std::to_string(row->attempts) +
-                  "; this token's lease ended and the key was claimed again.");
+              earlier_holder ? "The key is held by attempt " + std::to_string(row->attempts) +
+                                   "; this token's lease ended and the key was claimed again."
+                             : "This token was never issued for this key; the key is held by "
+                               "attempt " +
+                                   std::to_string(row->attempts) + ".",
+              earlier_holder ? "" : "Pass the token that claim_key returned for this key.");
 }
 
 bool same_response(const KeyRow& row, Jsonb* response, std::optional<int32> response_code) {
@@ -630,9 +640,15 @@ Datum sql_checkpoint_key(FunctionCallInfo fcinfo) {
   PG_RETURN_TIMESTAMPTZ(locked_until);
 }
 
+// ALTER TYPE ... RENAME VALUE keeps a label's OID under a new name: look the labels up again.
+void forget_result_type(Datum, int, uint32) {
+  result_type.type = InvalidOid;
+}
+
 }  // namespace
 
 void on_load() {
+  CacheRegisterSyscacheCallback(ENUMOID, forget_result_type, 0);
   RegisterXactCallback(forget_own_claims, nullptr);
   RegisterSubXactCallback(forget_rolled_back_claims, nullptr);
 }

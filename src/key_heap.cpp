@@ -26,29 +26,32 @@ enum Column {
 // Each column as idempotency--1.0.sql creates it. A NOT NULL added to another column is a
 // constraint the direct path would not check, so such a table goes to the executor. The
 // status column is the extension's enum, checked by its kind (type InvalidOid here).
+// `claim_writes`: the executor's INSERT of a claim lists the column, so a default of it is
+// never used; for the others the executor would fill in their default.
 struct ColumnSpec {
   const char* name;
   Oid type;
   const char* type_name;
   bool not_null;
+  bool claim_writes;
 };
 constexpr ColumnSpec kColumns[kColumnCount] = {
-    {"scope", TEXTOID, "text", true},
-    {"key", TEXTOID, "text", true},
-    {"owner", REGROLEOID, "regrole", true},
-    {"fingerprint", BYTEAOID, "bytea", false},
-    {"attempts", INT4OID, "integer", true},
-    {"ttl", INTERVALOID, "interval", true},
-    {"lease", INTERVALOID, "interval", true},
-    {"created_at", TIMESTAMPTZOID, "timestamptz", true},
-    {"expires_at", TIMESTAMPTZOID, "timestamptz", true},
-    {"lease_token", UUIDOID, "uuid", false},
-    {"locked_until", TIMESTAMPTZOID, "timestamptz", false},
-    {"recovery_point", TEXTOID, "text", false},
-    {"status", InvalidOid, "key_status", true},
-    {"response_code", INT4OID, "integer", false},
-    {"updated_at", TIMESTAMPTZOID, "timestamptz", true},
-    {"response", JSONBOID, "jsonb", false},
+    {"scope", TEXTOID, "text", true, true},
+    {"key", TEXTOID, "text", true, true},
+    {"owner", REGROLEOID, "regrole", true, true},
+    {"fingerprint", BYTEAOID, "bytea", false, true},
+    {"attempts", INT4OID, "integer", true, true},
+    {"ttl", INTERVALOID, "interval", true, true},
+    {"lease", INTERVALOID, "interval", true, true},
+    {"created_at", TIMESTAMPTZOID, "timestamptz", true, true},
+    {"expires_at", TIMESTAMPTZOID, "timestamptz", true, true},
+    {"lease_token", UUIDOID, "uuid", false, true},
+    {"locked_until", TIMESTAMPTZOID, "timestamptz", false, true},
+    {"recovery_point", TEXTOID, "text", false, false},
+    {"status", InvalidOid, "key_status", true, true},
+    {"response_code", INT4OID, "integer", false, false},
+    {"updated_at", TIMESTAMPTZOID, "timestamptz", true, true},
+    {"response", JSONBOID, "jsonb", false, false},
 };
 // The column behind each RowColumn of key_row.hpp (index 0 unused).
 constexpr Column kRowColumnSource[] = {
@@ -58,8 +61,30 @@ constexpr Column kRowColumnSource[] = {
 constexpr int kMaxIndexes = 8;
 constexpr int kMaxAttributes = 64;  // live and dropped columns of the table
 
+// Why a write must go through the executor: the one list of what INSERT and UPDATE do
+// beyond forming the row and adding its index entries, which the direct path does not do.
+// needs_executor() returns the first that applies; anything not listed here is what the
+// direct path does itself (privilege and read-only checks, unique checks of the primary
+// key, entries in every plain B-Tree index, replica identity, serialization conflicts).
+enum class ExecutorReason {
+  kNone,
+  kNotHeapTable,       // a partition, another table access method, or too many columns
+  kUserColumn,         // a column we do not know: its default and constraints
+  kTypmod,             // a typmod (say timestamptz(0)) is a coercion
+  kExtraNotNull,       // NOT NULL added to a column that may be NULL
+  kDefault,            // a default on a column the claim's INSERT leaves out
+  kIdentityGenerated,  // an identity or generated column
+  kIndexKind,          // more indexes than kept, or one that is not a plain, immediate B-Tree
+  kOtherUniqueIndex,   // a unique index besides the primary key (an arbiter, or a 23505)
+  kTrigger,
+  kRule,
+  kRowSecurity,
+  kCheckConstraint,
+};
+
 // What the direct path needs to know about the table, loaded once per backend and
-// forgotten by the relcache callback whenever the table or one of its indexes changes.
+// forgotten by the relcache callback whenever the table or one of its indexes changes
+// (and by the syscache callback on pg_enum, for the labels).
 struct Layout {
   Oid table = InvalidOid;          // InvalidOid: not loaded
   MemoryContext memory = nullptr;  // holds index_info
@@ -67,9 +92,8 @@ struct Layout {
   AttrNumber attnum[kColumnCount] = {};
   Oid processing_label = InvalidOid;
   Oid completed_label = InvalidOid;
-  // An ordinary heap table with only our columns and NOT NULLs, whose indexes are all on
-  // plain columns, without predicates, and checked immediately.
-  bool direct_writes = false;
+  // Why writes need the executor whatever the call (kNone: they do not).
+  ExecutorReason executor_reason = ExecutorReason::kNone;
   int index_count = 0;
   Oid index_oids[kMaxIndexes] = {};
   IndexInfo* index_info[kMaxIndexes] = {};
@@ -86,6 +110,13 @@ void forget_layout(Datum, Oid relation) {
   if (relation == InvalidOid || relation == layout.table) layout.table = InvalidOid;
   for (int i = 0; i < layout.index_count; ++i)
     if (layout.index_oids[i] == relation) layout.table = InvalidOid;
+}
+
+// ALTER TYPE ... RENAME VALUE keeps a label's OID and changes its name: the cached OIDs of
+// 'processing' and 'completed' must be looked up again (and refused if they are gone).
+void forget_labels(Datum, int, uint32) {
+  ++invalidations;
+  layout.table = InvalidOid;
 }
 
 // What makes the table unusable by this version (the executor path would misread it too).
@@ -107,8 +138,12 @@ bool is_our_primary_key(Relation index, const Layout& l) {
 // Fills `l` from the open table.
 LayoutCheck read_layout(Relation table, Layout& l) {
   TupleDesc desc = RelationGetDescr(table);
-  l.direct_writes = table->rd_rel->relkind == RELKIND_RELATION &&
-                    table->rd_rel->relam == HEAP_TABLE_AM_OID && desc->natts <= kMaxAttributes;
+  auto needs = [&](ExecutorReason reason) {
+    if (l.executor_reason == ExecutorReason::kNone) l.executor_reason = reason;
+  };
+  if (table->rd_rel->relkind != RELKIND_RELATION || table->rd_rel->relam != HEAP_TABLE_AM_OID ||
+      desc->natts > kMaxAttributes)
+    needs(ExecutorReason::kNotHeapTable);
   for (int i = 0; i < desc->natts; ++i) {
     Form_pg_attribute attribute = TupleDescAttr(desc, i);
     if (attribute->attisdropped) continue;
@@ -116,16 +151,18 @@ LayoutCheck read_layout(Relation table, Layout& l) {
     while (column < kColumnCount && strcmp(NameStr(attribute->attname), kColumns[column].name) != 0)
       ++column;
     if (column == kColumnCount) {
-      l.direct_writes = false;  // a column of the user's: its default is the executor's job
+      needs(ExecutorReason::kUserColumn);
       continue;
     }
     l.attnum[column] = attribute->attnum;
     bool right_type = column == kStatus ? get_typtype(attribute->atttypid) == TYPTYPE_ENUM
                                         : attribute->atttypid == kColumns[column].type;
     if (!right_type) return {LayoutProblem::kColumnType, column};
-    // A typmod (say timestamptz(0)) is a coercion only the executor applies.
-    if (attribute->atttypmod != -1) l.direct_writes = false;
-    if (attribute->attnotnull && !kColumns[column].not_null) l.direct_writes = false;
+    if (attribute->atttypmod != -1) needs(ExecutorReason::kTypmod);
+    if (attribute->attnotnull && !kColumns[column].not_null) needs(ExecutorReason::kExtraNotNull);
+    if (attribute->atthasdef && !kColumns[column].claim_writes) needs(ExecutorReason::kDefault);
+    if (attribute->attidentity != '\0' || attribute->attgenerated != '\0')
+      needs(ExecutorReason::kIdentityGenerated);
   }
   for (int column = 0; column < kColumnCount; ++column)
     if (l.attnum[column] == InvalidAttrNumber) return {LayoutProblem::kMissingColumn, column};
@@ -137,7 +174,7 @@ LayoutCheck read_layout(Relation table, Layout& l) {
     if (!OidIsValid(*oid)) return {LayoutProblem::kColumnType, kStatus};
   }
   List* indexes = RelationGetIndexList(table);
-  if (list_length(indexes) > kMaxIndexes) l.direct_writes = false;
+  if (list_length(indexes) > kMaxIndexes) needs(ExecutorReason::kIndexKind);
   ListCell* cell = nullptr;
   foreach (cell, indexes) {
     Relation index = index_open(lfirst_oid(cell), AccessShareLock);
@@ -151,7 +188,11 @@ LayoutCheck read_layout(Relation table, Layout& l) {
       if (index->rd_rel->relam != BTREE_AM_OID || info->ii_Expressions != NIL ||
           info->ii_Predicate != NIL || info->ii_ExclusionOps != nullptr ||
           (index->rd_index->indisunique && !index->rd_index->indimmediate))
-        l.direct_writes = false;
+        needs(ExecutorReason::kIndexKind);
+      // The direct path probes the primary key only; the executor would check every unique
+      // index (and use one on the same columns as an arbiter).
+      if (index->rd_index->indisunique && !is_our_primary_key(index, l))
+        needs(ExecutorReason::kOtherUniqueIndex);
       l.index_oids[l.index_count] = RelationGetRelid(index);
       l.index_info[l.index_count++] = info;
     }
@@ -198,18 +239,22 @@ void load_layout(Relation table) {
   layout.table = RelationGetRelid(table);
 }
 
-// Per call (the relcache entry is current once the table is locked): what a write through
-// the executor would do beyond inserting tuples and index entries.
-bool needs_executor(Relation table) {
-  if (!layout.direct_writes || table->trigdesc != nullptr || table->rd_rules != nullptr ||
-      table->rd_rel->relrowsecurity || table->rd_rel->relispartition)
-    return true;
+// Per call (the relcache entry is current once the table is locked): the first reason of
+// ExecutorReason that applies to this write, kNone when the direct path may write.
+ExecutorReason needs_executor(Relation table) {
+  if (layout.executor_reason != ExecutorReason::kNone) return layout.executor_reason;
+  if (table->rd_rel->relispartition) return ExecutorReason::kNotHeapTable;
+  if (table->trigdesc != nullptr) return ExecutorReason::kTrigger;
+  if (table->rd_rules != nullptr) return ExecutorReason::kRule;
+  if (table->rd_rel->relrowsecurity) return ExecutorReason::kRowSecurity;
   const TupleConstr* constraints = table->rd_att->constr;
-  if (constraints == nullptr) return false;
+  if (constraints == nullptr) return ExecutorReason::kNone;
+  if (constraints->num_check > 0) return ExecutorReason::kCheckConstraint;
+  bool generated = constraints->has_generated_stored;
 #if PG_VERSION_NUM >= 180000
-  if (constraints->has_generated_virtual) return true;
+  generated = generated || constraints->has_generated_virtual;
 #endif
-  return constraints->num_check > 0 || constraints->has_generated_stored;
+  return generated ? ExecutorReason::kIdentityGenerated : ExecutorReason::kNone;
 }
 
 // Looks up (owner, scope, key) in the primary key with `snapshot`, leaving the row in `slot`.
@@ -269,7 +314,7 @@ bool open_writer(Writer& writer, Oid table, AclMode privileges, const char* comm
   // is that owner here: the check matters only if a superuser revoked the owner's own rights,
   // and then the executor reports the refusal.
   bool direct = pg_call([&] {
-    return !needs_executor(writer.table) &&
+    return needs_executor(writer.table) == ExecutorReason::kNone &&
            pg_class_aclmask(table, GetUserId(), privileges, ACLMASK_ALL) == privileges;
   });
   if (!direct) pg_call([&] { close_writer(writer); });
@@ -319,6 +364,18 @@ Oid file_of(Relation table) {
   return table->rd_locator.relNumber;
 #else
   return table->rd_node.relNode;
+#endif
+}
+
+// Did this transaction create the table's current file? Only such a file is truncated in
+// place by a TRUNCATE (and counting its blocks costs a system call, so only then).
+bool file_is_new(Relation table) {
+#if PG_VERSION_NUM >= 160000
+  return table->rd_createSubid != InvalidSubTransactionId ||
+         table->rd_firstRelfilelocatorSubid != InvalidSubTransactionId;
+#else
+  return table->rd_createSubid != InvalidSubTransactionId ||
+         table->rd_firstRelfilenodeSubid != InvalidSubTransactionId;
 #endif
 }
 
@@ -446,6 +503,11 @@ std::optional<KeyRow> complete(Oid table, const key_store::RowAddress& where, te
     CheckCmdReplicaIdentity(writer.table, CMD_UPDATE);
     TupleDesc desc = RelationGetDescr(writer.table);
     if (where.file != file_of(writer.table)) return false;  // truncated or rewritten since
+    // A TRUNCATE of a file created in this same transaction (by an earlier TRUNCATE, a
+    // CLUSTER or CREATE EXTENSION) empties that file in place: the TID may point past its end.
+    if (file_is_new(writer.table) &&
+        ItemPointerGetBlockNumber(&where.tid) >= RelationGetNumberOfBlocks(writer.table))
+      return false;
     HeapTupleData old;
     old.t_self = where.tid;
     Buffer buffer = InvalidBuffer;
@@ -505,6 +567,7 @@ std::optional<KeyRow> complete(Oid table, const key_store::RowAddress& where, te
 
 void on_load() {
   CacheRegisterRelcacheCallback(forget_layout, 0);
+  CacheRegisterSyscacheCallback(ENUMOID, forget_labels, 0);
 }
 
 }  // namespace idem::key_heap

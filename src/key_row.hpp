@@ -44,7 +44,9 @@ struct Outcome {
 };
 
 // Where a row written directly lives: its TID in one file of the table. A TRUNCATE or
-// CLUSTER in the same transaction gives the table a new file, where the TID means nothing.
+// CLUSTER in the same transaction usually gives the table a new file, where the TID means
+// nothing; a TRUNCATE of a file that this transaction created empties it in place, so the
+// TID may also point past the file's end (key_heap checks both before reading it).
 struct RowAddress {
   ItemPointerData tid;
   Oid file;

@@ -117,6 +117,12 @@ struct PlanCache {
 };
 PlanCache cache;
 
+// The statements hold the OIDs of the key_status labels they name: ALTER TYPE ... RENAME
+// VALUE must make them parse again (and fail if 'processing' or 'completed' is gone).
+void forget_plans(Datum, int, uint32) {
+  cache.table = InvalidOid;
+}
+
 // Requires an open SPI connection.
 void prepare_plans(Oid table) {
   for (SPIPlanPtr& plan : cache.plans) {
@@ -183,6 +189,10 @@ std::string qualified_name(Oid table) {
     return static_cast<const char*>(quote_qualified_identifier(
         get_namespace_name(get_rel_namespace(table)), get_rel_name(table)));
   });
+}
+
+void on_load() {
+  CacheRegisterSyscacheCallback(ENUMOID, forget_plans, 0);
 }
 
 Session::Session(Oid table) : caller_context_(CurrentMemoryContext), table_(table) {}

@@ -70,6 +70,8 @@ class Session {
 
 namespace idem::key_store {
 
+// Registers the syscache callback that makes the kept plans stale when enum labels change.
+void on_load();
 // "schema"."idempotency_keys", quoted for SQL text.
 std::string qualified_name(Oid table);
 

@@ -3,6 +3,7 @@
 #include "cleanup_worker.hpp"
 #include "gucs.hpp"
 #include "key_heap.hpp"
+#include "key_store.hpp"
 #include "pg_boundary.hpp"
 #include "stats.hpp"
 
@@ -14,6 +15,7 @@ void _PG_init(void) {
   idem::gucs::define();
   idem::claim_protocol::on_load();
   idem::key_heap::on_load();
+  idem::key_store::on_load();
   // Shared memory and the background worker exist only when the postmaster loads us.
   if (process_shared_preload_libraries_in_progress) {
     idem::stats::install_shared_memory_hooks();
