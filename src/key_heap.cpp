@@ -120,7 +120,8 @@ void forget_labels(Datum, int, uint32) {
 }
 
 // What makes the table unusable by this version (the executor path would misread it too).
-enum class LayoutProblem { kNone, kMissingColumn, kColumnType, kPrimaryKey };
+enum class LayoutProblem { kNone, kMissingColumn, kColumnType, kLabel, kPrimaryKey };
+constexpr const char* kStatusLabels[] = {"processing", "completed"};
 struct LayoutCheck {
   LayoutProblem problem = LayoutProblem::kNone;
   int column = 0;
@@ -167,11 +168,12 @@ LayoutCheck read_layout(Relation table, Layout& l) {
   for (int column = 0; column < kColumnCount; ++column)
     if (l.attnum[column] == InvalidAttrNumber) return {LayoutProblem::kMissingColumn, column};
   Oid status_type = TupleDescAttr(desc, l.attnum[kStatus] - 1)->atttypid;
-  for (auto [label, oid] :
-       {std::pair{"processing", &l.processing_label}, std::pair{"completed", &l.completed_label}}) {
-    *oid = GetSysCacheOid2(ENUMTYPOIDNAME, Anum_pg_enum_oid, ObjectIdGetDatum(status_type),
-                           CStringGetDatum(label));
-    if (!OidIsValid(*oid)) return {LayoutProblem::kColumnType, kStatus};
+  Oid* label_oids[] = {&l.processing_label, &l.completed_label};
+  for (int i = 0; i < 2; ++i) {
+    *label_oids[i] =
+        GetSysCacheOid2(ENUMTYPOIDNAME, Anum_pg_enum_oid, ObjectIdGetDatum(status_type),
+                        CStringGetDatum(kStatusLabels[i]));
+    if (!OidIsValid(*label_oids[i])) return {LayoutProblem::kLabel, i};
   }
   List* indexes = RelationGetIndexList(table);
   if (list_length(indexes) > kMaxIndexes) needs(ExecutorReason::kIndexKind);
@@ -229,6 +231,9 @@ void load_layout(Relation table) {
       throw Error(ERRCODE_DATATYPE_MISMATCH, "column \"" + column +
                                                  "\" of idempotency_keys is not of type " +
                                                  kColumns[check.column].type_name);
+    case LayoutProblem::kLabel:
+      throw Error(ERRCODE_UNDEFINED_OBJECT,
+                  std::string("key_status has no label \"") + kStatusLabels[check.column] + "\"");
     case LayoutProblem::kPrimaryKey:
       throw Error(
           ERRCODE_UNDEFINED_OBJECT,

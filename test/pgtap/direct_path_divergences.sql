@@ -1,0 +1,114 @@
+-- pgTAP: the six places where an outside review found the direct heap/index path
+-- (src/key_heap.cpp) answering differently from INSERT / UPDATE through the executor, and
+-- the message of a token that was never issued. Each block failed before the fix.
+-- Run by test/run.sh in a fresh database with pgtap and idempotency installed, as a superuser
+-- (the extension owner), which may alter the table; every change is rolled back.
+\set ON_ERROR_STOP 1
+\pset format unaligned
+\pset tuples_only on
+SET client_min_messages = warning;
+SET search_path = idempotency, public;
+
+SELECT plan(18);
+
+-- The DETAIL of the error `statement` raises.
+CREATE FUNCTION error_detail(statement text) RETURNS text LANGUAGE plpgsql AS $$
+DECLARE
+  detail text;
+BEGIN
+  EXECUTE statement;
+  RETURN NULL;
+EXCEPTION WHEN OTHERS THEN
+  GET STACKED DIAGNOSTICS detail = PG_EXCEPTION_DETAIL;
+  RETURN detail;
+END
+$$;
+
+-- 1. A second TRUNCATE in one transaction empties in place the file the first one made:
+-- the completion of a claim whose row was on block 1 must not read past the file's end.
+BEGIN;
+TRUNCATE idempotency_keys;
+CREATE TEMP TABLE claims AS
+  SELECT n, (claim_key('trunc-' || n)).token FROM generate_series(1, 120) n;
+SELECT cmp_ok((SELECT count(DISTINCT (ctid::text::point)[0]) FROM idempotency_keys)::int, '>', 1,
+              'truncate: the claims fill more than one block');
+TRUNCATE idempotency_keys;
+SELECT throws_ok(format($$SELECT complete_key('trunc-120', %L, '{}')$$,
+                        (SELECT token FROM claims WHERE n = 120)),
+                 'P0002', NULL, 'truncate twice: complete_key answers P0002, as the executor does');
+ROLLBACK;
+
+-- 2. A default on a column the claim's INSERT leaves out is the executor's to fill in.
+BEGIN;
+ALTER TABLE idempotency_keys ALTER COLUMN recovery_point SET DEFAULT 'step-0',
+                             ALTER COLUMN response_code SET DEFAULT 202,
+                             ALTER COLUMN response SET DEFAULT '{"pending": true}';
+SELECT is((claim_key('default-1')).status::text, 'claimed', 'defaults: the claim is made');
+SELECT is((SELECT recovery_point FROM idempotency_keys WHERE key = 'default-1'), 'step-0',
+          'defaults: recovery_point gets its default');
+SELECT is((SELECT response_code FROM idempotency_keys WHERE key = 'default-1'), 202,
+          'defaults: response_code gets its default');
+SELECT is((SELECT response FROM idempotency_keys WHERE key = 'default-1'), '{"pending": true}'::jsonb,
+          'defaults: response gets its default');
+ROLLBACK;
+BEGIN;
+ALTER TABLE idempotency_keys DROP COLUMN recovery_point;
+ALTER TABLE idempotency_keys ADD COLUMN recovery_point text DEFAULT 'again';
+SELECT is((claim_key('default-2')).recovery_point, 'again',
+          'defaults: a column dropped and added again with a default gets it');
+ROLLBACK;
+
+-- 3. Enum labels: a backend that cached the label OIDs must not write an old label after
+-- ALTER TYPE ... RENAME VALUE (it refuses instead), and works again once the name is back.
+SELECT is((claim_key('enum-1')).status::text, 'claimed', 'enum: the labels are cached');
+BEGIN;
+ALTER TYPE key_status RENAME VALUE 'completed' TO 'done';
+SELECT throws_like($$SELECT complete_key('enum-1', (SELECT lease_token FROM idempotency_keys WHERE key = 'enum-1'), '{}')$$,
+                   '%"completed"%',
+                   'enum: a renamed label is refused, never written under its new name');
+ROLLBACK;
+BEGIN;
+ALTER TYPE claim_status RENAME VALUE 'replay' TO 'replayed';
+SELECT throws_like($$SELECT claim_key('enum-1')$$, '%claim_status has no label "replay"%',
+                   'enum: a renamed result label is refused');
+ROLLBACK;
+SELECT is((claim_key('enum-2')).status::text, 'claimed', 'enum: the original names work again');
+
+-- 4. The direct read checks no privilege of the caller: every call acts as the extension
+-- owner (src/caller.hpp). An application role with no right on the table claims and replays.
+CREATE ROLE divergence_app;
+GRANT USAGE ON SCHEMA idempotency TO divergence_app;
+SET ROLE divergence_app;
+SELECT is((idempotency.claim_key('priv-1')).status::text, 'claimed',
+          'rights: a role without any right on the table claims');
+SELECT throws_ok('SELECT * FROM idempotency.idempotency_keys', '42501', NULL,
+                 'rights: but cannot read the table itself');
+RESET ROLE;
+
+-- 5. Another unique index over the key's columns (here with a case-insensitive collation) is
+-- an arbiter of the executor's INSERT .. ON CONFLICT: the direct path must not answer 23505.
+BEGIN;
+CREATE COLLATION divergence_ci (provider = icu, locale = 'und-u-ks-level2', deterministic = false);
+CREATE UNIQUE INDEX divergence_ci_key ON idempotency_keys (owner, scope, key COLLATE divergence_ci);
+SELECT is((claim_key('Order-1')).status::text, 'claimed', 'unique index: the first key is claimed');
+SELECT is((claim_key('order-1')).status::text, 'in_progress',
+          'unique index: a key equal under the other index answers in_progress, not 23505');
+ROLLBACK;
+
+-- 6. attempts made an identity column: the executor refuses to write it, so must the claim.
+BEGIN;
+ALTER TABLE idempotency_keys ALTER COLUMN attempts DROP DEFAULT;
+ALTER TABLE idempotency_keys ALTER COLUMN attempts ADD GENERATED ALWAYS AS IDENTITY;
+SELECT throws_ok($$SELECT claim_key('identity-1')$$, '428C9', NULL,
+                 'identity: the claim is refused as the executor refuses it');
+ROLLBACK;
+
+-- 9. A token that was never issued for the key says so (not "its lease ended").
+SELECT throws_ok($$SELECT complete_key('enum-2', '00000000-0000-0000-0000-000000000000', '{}')$$,
+                 '55000', NULL, 'a never-issued token is refused (55000)');
+SELECT like(error_detail($$SELECT complete_key('enum-2', '00000000-0000-0000-0000-000000000000', '{}')$$),
+            'This token was never issued for this key%', 'and its DETAIL says it was never issued');
+
+SELECT * FROM finish();
+DROP OWNED BY divergence_app;
+DROP ROLE divergence_app;
