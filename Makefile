@@ -53,8 +53,11 @@ include $(PGXS)
 demo:
 	bash demo/run.sh
 
+# `make test PG_CONFIG=/opt/pg17/bin/pg_config` runs every suite against that installation
+# (test/lib.sh); without it, against Debian's PostgreSQL 15.
+TEST_ENV = $(if $(filter command line environment,$(origin PG_CONFIG)),PG_CONFIG="$(PG_CONFIG)")
 test:
-	bash test/run.sh
+	$(TEST_ENV) bash test/run.sh
 
 bench:
 	bash bench/run.sh

@@ -33,10 +33,34 @@ IDEM_PACKAGES=(
 )
 
 IDEM_ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-IDEM_PG_MAJOR=15
-IDEM_PG_BIN="/usr/lib/postgresql/${IDEM_PG_MAJOR}/bin"
-IDEM_PG_CONFIG="${IDEM_PG_BIN}/pg_config"
-IDEM_PGXS_DIR="/usr/lib/postgresql/${IDEM_PG_MAJOR}/lib/pgxs"
+# The PostgreSQL installation everything runs against: Debian's 15 by default, or the one
+# whose pg_config PG_CONFIG names (`make test PG_CONFIG=/opt/pg17/bin/pg_config`, a server
+# built by test/build-postgres.sh; test/matrix.sh runs every suite for several).
+IDEM_DEBIAN_PG_CONFIG=/usr/lib/postgresql/15/bin/pg_config
+IDEM_PG_CONFIG="${PG_CONFIG:-$IDEM_DEBIAN_PG_CONFIG}"
+[[ $IDEM_PG_CONFIG == */* ]] || IDEM_PG_CONFIG="$(command -v "$IDEM_PG_CONFIG" || echo "$IDEM_PG_CONFIG")"
+# Debian's own server (installed from packages by ensure_packages), or one built elsewhere.
+idem_debian_server() { [[ $IDEM_PG_CONFIG == "$IDEM_DEBIAN_PG_CONFIG" ]]; }
+if idem_debian_server; then
+  IDEM_PG_MAJOR=15
+  IDEM_PG_BIN="/usr/lib/postgresql/${IDEM_PG_MAJOR}/bin"
+  IDEM_PGXS_DIR="/usr/lib/postgresql/${IDEM_PG_MAJOR}/lib/pgxs"
+else
+  [[ -x $IDEM_PG_CONFIG ]] || { printf 'error: PG_CONFIG=%s is not an executable pg_config\n' "$IDEM_PG_CONFIG" >&2; exit 1; }
+  IDEM_PG_MAJOR="$("$IDEM_PG_CONFIG" --version | sed -E 's/^PostgreSQL ([0-9]+).*/\1/')"
+  IDEM_PG_BIN="$("$IDEM_PG_CONFIG" --bindir)"
+  IDEM_PGXS_DIR="$(dirname "$(dirname "$(dirname "$("$IDEM_PG_CONFIG" --pgxs)")")")"
+  # The server packages are Debian's 15; another server brings its own (and its pgTAP).
+  idem_kept=()
+  for idem_pkg in "${IDEM_PACKAGES[@]}"; do
+    [[ $idem_pkg == postgresql-15 || $idem_pkg == postgresql-server-dev-15 ||
+      $idem_pkg == postgresql-15-pgtap ]] || idem_kept+=("$idem_pkg")
+  done
+  IDEM_PACKAGES=("${idem_kept[@]}")
+  unset idem_kept idem_pkg
+  # The PostgreSQL client packages still bring pg_prove's and psycopg's dependencies.
+  IDEM_PACKAGES+=(postgresql-client-common)
+fi
 IDEM_PG_REGRESS="${IDEM_PGXS_DIR}/src/test/regress/pg_regress"
 IDEM_PG_ISOLATION_REGRESS="${IDEM_PGXS_DIR}/src/test/isolation/pg_isolation_regress"
 IDEM_PERL_TEST_LIB="${IDEM_PGXS_DIR}/src/test/perl"
@@ -52,6 +76,7 @@ idem_die() { printf 'error: %s\n' "$*" >&2; exit 1; }
 idem_missing_packages() {
   local pkg
   for pkg in "${IDEM_PACKAGES[@]}"; do
+    [[ -n $pkg ]] || continue
     dpkg-query -W -f='${Status}\n' "$pkg" 2>/dev/null | grep -q '^install ok installed$' ||
       printf '%s\n' "$pkg"
   done
@@ -108,7 +133,13 @@ build_and_install() {
   mkdir -p "$IDEM_ROOT/.test-run"
   (
     flock 9
+    # Objects built for another major are not reused (their headers differ).
+    stamp="$IDEM_ROOT/.test-run/built-with"
+    if [[ "$(cat "$stamp" 2>/dev/null)" != "$IDEM_PG_CONFIG" ]]; then
+      make -s -C "$IDEM_ROOT" clean PG_CONFIG="$IDEM_PG_CONFIG" >/dev/null 2>&1 || true
+    fi
     make -s -C "$IDEM_ROOT" -j"$jobs" PG_CONFIG="$IDEM_PG_CONFIG" >&2 || exit 1
+    echo "$IDEM_PG_CONFIG" >"$stamp"
     if idem_is_root; then
       make -s -C "$IDEM_ROOT" install PG_CONFIG="$IDEM_PG_CONFIG" >/dev/null || exit 1
     elif ! idem_installed_is_current; then
