@@ -7,7 +7,8 @@
 #   test/mutants/run.sh [NAME...]      all mutants, or only those named
 #
 # It installs each mutant into the server's extension directory, like `make test` does, so
-# run nothing else against that installation meanwhile; the unmutated build is installed
+# run nothing else against that installation meanwhile (PG_CONFIG=... picks another one, say
+# a copy of a server built by test/build-postgres.sh); the unmutated build is installed
 # again at the end. Prints one line per mutant and a closing "N passed, N failed" (a killed
 # mutant passes).
 set -uo pipefail
@@ -19,7 +20,7 @@ ensure_packages
 build_and_install
 scratch="$(mktemp -d /tmp/idempotency-mutants.XXXXXX)"
 chmod 755 "$scratch"
-trap 'make -s -C "$root" install >/dev/null 2>&1; rm -rf "$scratch"' EXIT
+trap 'make -s -C "$root" install PG_CONFIG="$IDEM_PG_CONFIG" >/dev/null 2>&1; rm -rf "$scratch"' EXIT
 
 declare -A wanted=()
 for name in "$@"; do wanted["$name"]=1; done
