@@ -20,7 +20,8 @@ OBJS        = src/pg_boundary.o \
               src/key_store.o \
               src/claim_protocol.o \
               src/cleanup.o \
-              src/cleanup_worker.o
+              src/cleanup_worker.o \
+              src/citus_guard.o
 DATA        = $(EXTENSION)--$(EXTVERSION).sql
 PGFILEDESC  = "idempotency - idempotency keys inside the application's transaction"
 

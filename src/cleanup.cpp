@@ -107,9 +107,66 @@ HeapTuple run_one_row(Oid table, PlanId id, Datum* values, std::initializer_list
   return SPI_processed == 0 ? nullptr : SPI_tuptable->vals[0];
 }
 
-}  // namespace
+// Under Citus, a distributed idempotency_keys is an empty shell: its rows live in shard
+// tables (idempotency_keys_<shardid>, same schema, same owner), and the node that holds a
+// shard's placement is where every call for its keys runs (the functions are delegated).
+// So each node cleans its own placements, with node-local role OIDs, and no node touches
+// the shell. Returns the relations that hold keys on this node. Needs an open SPI connection.
+std::vector<Oid> key_relations(Oid table) {
+  const bool citus = pg_call(
+      [] { return OidIsValid(get_relname_relid("pg_dist_partition", PG_CATALOG_NAMESPACE)); });
+  if (!citus) return {table};
+  Oid types[] = {REGCLASSOID};
+  Datum values[] = {ObjectIdGetDatum(table)};
+  int rc = pg_call([&] {
+    return SPI_execute_with_args(
+        "SELECT s.shardid FROM pg_catalog.pg_dist_partition d"
+        " LEFT JOIN pg_catalog.pg_dist_shard s ON s.logicalrelid OPERATOR(pg_catalog.=) "
+        "d.logicalrelid"
+        " AND EXISTS (SELECT FROM pg_catalog.pg_dist_placement p"
+        " WHERE p.shardid OPERATOR(pg_catalog.=) s.shardid AND p.groupid OPERATOR(pg_catalog.=)"
+        " (SELECT groupid FROM pg_catalog.pg_dist_local_group))"
+        " WHERE d.logicalrelid OPERATOR(pg_catalog.=) $1",
+        1, types, values, nullptr, true, 0);
+  });
+  if (rc != SPI_OK_SELECT)
+    throw Error(ERRCODE_INTERNAL_ERROR, "could not read Citus' shard placements",
+                SPI_result_code_string(rc));
+  if (SPI_processed == 0) return {table};  // not distributed: an ordinary table
+  if (SPI_tuptable->tupdesc->natts != 1 ||
+      TupleDescAttr(SPI_tuptable->tupdesc, 0)->atttypid != INT8OID)
+    throw Error(ERRCODE_DATATYPE_MISMATCH, "pg_dist_shard.shardid is not bigint");
+  std::vector<int64> shards;
+  for (uint64 i = 0; i < SPI_processed; ++i) {
+    bool is_null = false;
+    Datum shard = SPI_getbinval(SPI_tuptable->vals[i], SPI_tuptable->tupdesc, 1, &is_null);
+    if (!is_null) shards.push_back(DatumGetInt64(shard));
+  }
+  std::vector<Oid> relations;
+  for (int64 shard : shards) {
+    const std::string name = "idempotency_keys_" + std::to_string(shard);
+    Oid relation = pg_call([&] {
+      Oid found = get_relname_relid(name.c_str(), get_rel_namespace(table));
+      // A placement of ours is created by Citus as the owner of the distributed table.
+      HeapTuple tuple =
+          OidIsValid(found) ? SearchSysCache1(RELOID, ObjectIdGetDatum(found)) : nullptr;
+      bool trusted = false;
+      if (HeapTupleIsValid(tuple)) {
+        trusted = superuser_arg(reinterpret_cast<Form_pg_class>(GETSTRUCT(tuple))->relowner);
+        ReleaseSysCache(tuple);
+      }
+      return trusted ? found : InvalidOid;
+    });
+    if (!OidIsValid(relation))
+      throw Error(ERRCODE_INSUFFICIENT_PRIVILEGE,
+                  "shard " + name + " of idempotency_keys is missing or not owned by a superuser");
+    relations.push_back(relation);
+  }
+  return relations;
+}
 
-Batch delete_batch(Oid table, TimestampTz now, TimestampTz from, int batch_size) {
+// One batch in one relation (the table, or one shard of it).
+Batch delete_batch_in(Oid table, TimestampTz now, TimestampTz from, int batch_size) {
   Datum values[] = {TimestampTzGetDatum(now), Int32GetDatum(batch_size), TimestampTzGetDatum(from)};
   HeapTuple tuple = run_one_row(table, kBatch, values, {INT8OID, TIMESTAMPTZOID});
   Batch batch;
@@ -118,12 +175,11 @@ Batch delete_batch(Oid table, TimestampTz now, TimestampTz from, int batch_size)
   batch.deleted = static_cast<uint64>(DatumGetInt64(SPI_getbinval(tuple, desc, 1, &is_null)));
   Datum last = SPI_getbinval(tuple, desc, 2, &is_null);
   batch.last_expiry = is_null ? from : DatumGetTimestampTz(last);
-  // Counted batch by batch, so that the view shows a long round's progress.
-  stats::count(stats::kExpiredDeleted, batch.deleted);
   return batch;
 }
 
-uint64 delete_orphans(Oid table, int batch_size) {
+// Up to batch_size keys of dropped roles in one relation.
+uint64 delete_orphans_in(Oid table, int batch_size) {
   uint64 deleted = 0;
   Oid owner = InvalidOid;
   while (deleted < static_cast<uint64>(batch_size)) {
@@ -140,8 +196,37 @@ uint64 delete_orphans(Oid table, int batch_size) {
     deleted += static_cast<uint64>(
         DatumGetInt64(SPI_getbinval(tuple, SPI_tuptable->tupdesc, 1, &is_null)));
   }
-  stats::count(stats::kExpiredDeleted, deleted);
   return deleted;
+}
+
+}  // namespace
+
+Batch delete_batch(Oid table, TimestampTz now, TimestampTz from, int batch_size) {
+  const std::vector<Oid> relations = key_relations(table);
+  const bool sharded = !(relations.size() == 1 && relations[0] == table);
+  Batch batch;
+  batch.last_expiry = from;
+  for (Oid relation : relations) {
+    // Shards start from the beginning of their index each time: `from` is the table's.
+    Batch one = delete_batch_in(relation, now, sharded ? DT_NOBEGIN : from, batch_size);
+    batch.deleted += one.deleted;
+    batch.full = batch.full || one.deleted >= static_cast<uint64>(batch_size);
+    if (!sharded) batch.last_expiry = one.last_expiry;
+  }
+  // Counted batch by batch, so that the view shows a long round's progress.
+  stats::count(stats::kExpiredDeleted, batch.deleted);
+  return batch;
+}
+
+Batch delete_orphans(Oid table, int batch_size) {
+  Batch batch;
+  for (Oid relation : key_relations(table)) {
+    uint64 deleted = delete_orphans_in(relation, batch_size);
+    batch.deleted += deleted;
+    batch.full = batch.full || deleted >= static_cast<uint64>(batch_size);
+  }
+  stats::count(stats::kExpiredDeleted, batch.deleted);
+  return batch;
 }
 
 namespace {
@@ -168,17 +253,18 @@ Datum sql_cleanup(FunctionCallInfo fcinfo) {
     int rc = pg_call([] { return SPI_connect(); });
     if (rc != SPI_OK_CONNECT) throw Error(ERRCODE_INTERNAL_ERROR, "SPI_connect failed");
     // Keys of dropped roles first, then the expired ones.
-    for (uint64 orphans = 1; orphans > 0;) {
+    Batch orphans;
+    do {
       orphans = delete_orphans(table, batch_size);
-      total += orphans;
+      total += orphans.deleted;
       pg_call([] { CHECK_FOR_INTERRUPTS(); });
-    }
+    } while (orphans.full);
     Batch batch;
     do {
       batch = delete_batch(table, now, batch.last_expiry, batch_size);
       total += batch.deleted;
       pg_call([] { CHECK_FOR_INTERRUPTS(); });
-    } while (batch.deleted >= static_cast<uint64>(batch_size));
+    } while (batch.full);
     pg_call([] { SPI_finish(); });
   } catch (const PgError& e) {
     // Shared memory is not transactional: the failure stays visible in idempotency_stats.

@@ -16,6 +16,7 @@ namespace idem::cleanup {
 
 struct Batch {
   uint64 deleted = 0;
+  bool full = false;                     // a relation gave batch_size rows: more may be left
   TimestampTz last_expiry = DT_NOBEGIN;  // largest expires_at deleted; the next lower bound
 };
 
@@ -27,7 +28,7 @@ Batch delete_batch(Oid table, TimestampTz now, TimestampTz from, int batch_size)
 // Deletes up to `batch_size` keys whose owner no longer exists (a dropped role's keys are
 // never handed to another role: a role created later may get the same OID). Walks the
 // distinct owners along the primary key, a few index descents per role. Needs an open SPI
-// connection; returns how many it deleted.
-uint64 delete_orphans(Oid table, int batch_size);
+// connection.
+Batch delete_orphans(Oid table, int batch_size);
 
 }  // namespace idem::cleanup

@@ -330,13 +330,13 @@ void run_round() noexcept {
     bool full = false;
     do {
       const TimestampTz batch_start = GetCurrentTimestamp();
-      uint64 orphans = 0;
+      cleanup::Batch orphans;
       installed = as_owner_in_transaction(
           "idempotency cleanup: deleting keys of dropped roles",
           [&](Oid table) { orphans = cleanup::delete_orphans(table, batch_size); });
       if (!installed) return;
-      deleted += orphans;
-      full = orphans >= static_cast<uint64>(batch_size);
+      deleted += orphans.deleted;
+      full = orphans.full;
       pause_after(full, batch_start);
     } while (full && GetCurrentTimestamp() - now < kRoundMicroseconds);
     cleanup::Batch batch;
@@ -353,7 +353,7 @@ void run_round() noexcept {
             });
         if (!installed) return;
         deleted += batch.deleted;
-        full = batch.deleted >= static_cast<uint64>(batch_size);
+        full = batch.full;
         pause_after(full, batch_start);
       } while (full && GetCurrentTimestamp() - now < kRoundMicroseconds);
     }

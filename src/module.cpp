@@ -1,4 +1,5 @@
 // The shared library's entry: module magic and _PG_init, which wires the parts together.
+#include "citus_guard.hpp"
 #include "claim_protocol.hpp"
 #include "cleanup_worker.hpp"
 #include "gucs.hpp"
@@ -16,6 +17,7 @@ void _PG_init(void) {
   idem::claim_protocol::on_load();
   idem::key_heap::on_load();
   idem::key_store::on_load();
+  idem::citus_guard::install_if_citus();
   // Shared memory and the background worker exist only when the postmaster loads us.
   if (process_shared_preload_libraries_in_progress) {
     idem::stats::install_shared_memory_hooks();

@@ -1,0 +1,13 @@
+// Citus 13 crashes the backend when it delegates a distributed function call whose
+// distribution argument is NULL (a Citus bug: the call never reaches our function). Under the
+// recipe of SPEC §6 the key is that argument of claim_key / complete_key / release_key /
+// checkpoint_key. This planner hook, installed only when Citus is loaded before us, refuses
+// such a call with the function's own error (22004) before Citus' planner sees it.
+#pragma once
+
+namespace idem::citus_guard {
+
+// Called from _PG_init.
+void install_if_citus();
+
+}  // namespace idem::citus_guard
