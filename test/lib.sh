@@ -134,12 +134,14 @@ build_and_install() {
   (
     flock 9
     # Objects built for another major are not reused (their headers differ).
+    # The stamp names the installation the objects in the tree are for; it is written
+    # before building, so an interrupted build leaves only objects of that installation.
     stamp="$IDEM_ROOT/.test-run/built-with"
     if [[ "$(cat "$stamp" 2>/dev/null)" != "$IDEM_PG_CONFIG" ]]; then
       make -s -C "$IDEM_ROOT" clean PG_CONFIG="$IDEM_PG_CONFIG" >/dev/null 2>&1 || true
+      echo "$IDEM_PG_CONFIG" >"$stamp"
     fi
     make -s -C "$IDEM_ROOT" -j"$jobs" PG_CONFIG="$IDEM_PG_CONFIG" >&2 || exit 1
-    echo "$IDEM_PG_CONFIG" >"$stamp"
     if idem_is_root; then
       make -s -C "$IDEM_ROOT" install PG_CONFIG="$IDEM_PG_CONFIG" >/dev/null || exit 1
     elif ! idem_installed_is_current; then
