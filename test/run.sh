@@ -4,11 +4,14 @@
 #
 #   regress    sql/*.sql vs expected/*.out            pg_regress, temp instance
 #   isolation  test/isolation/specs/*.spec            pg_isolation_regress, temp instance
+#              (each spec on every path too, see "paths" below)
 #   pgtap      test/pgtap/*.sql                       pg_prove, a fresh database per file
+#              (files marked "-- On every path:" on every path too)
 #   tap        test/t/*.pl                            prove + PostgreSQL::Test::Cluster
 #   suites     test/suites/*.sh                       bash; last line "N passed, N failed"
 #
 # Usage: test/run.sh [SUITE[:NAME]]...   e.g.  test/run.sh regress pgtap:uuid_v7
+# (NAME selects a test on every path; NAME.PATH, say isolation:claim_race.executor, one.)
 # No argument runs everything. Ends with one line "N passed, N failed"; exits non-zero
 # when anything failed or a suite could not run. Counting: one per regress test, per
 # isolation spec, per pgTAP assertion, per TAP file, plus the extra suites' own counts.
@@ -151,58 +154,177 @@ suite_regress() {
 }
 
 suite_isolation() {
-  local -a tests=()
-  mapfile -t tests < <(selected isolation .spec "$IDEM_SRC"/test/isolation/specs/*.spec)
-  tests=("${tests[@]##*/}")
-  tests=("${tests[@]%.spec}")
+  local -a specs=() tests=()
+  local spec name path
+  specs=("$IDEM_SRC"/test/isolation/specs/*.spec)
+  for spec in "${specs[@]}"; do
+    name="$(basename "$spec" .spec)"
+    [[ -e $spec ]] && wanted "$name" isolation && tests+=("$name")
+  done
+  # Then on the other paths, after every direct run (so that a path's setup left behind by
+  # a failed check cannot change what the direct runs test).
+  for path in $(test_paths); do
+    for spec in "${specs[@]}"; do
+      name="$(basename "$spec" .spec)"
+      [[ -e $spec ]] && { wanted "$name" isolation || wanted "$name.$path" isolation; } &&
+        tests+=("$name.$path")
+    done
+  done
   if ((${#tests[@]} == 0)); then
     echo "== isolation: no specs in test/isolation/specs/"
     record isolation 0 0 "(no specs yet)"
     return
   fi
-  run_regress_like isolation "$IDEM_PG_ISOLATION_REGRESS" "$IDEM_SRC/test/isolation" "${tests[@]}"
+  local input="$IDEM_SCRATCH/isolation-input"
+  if ! isolation_input "$input" "${tests[@]}"; then
+    record isolation 0 1 "(could not generate the specs of the other paths)"
+    return
+  fi
+  run_regress_like isolation "$IDEM_PG_ISOLATION_REGRESS" "$input" "${tests[@]}"
+}
+
+# --- paths ---------------------------------------------------------------------------
+# A claim writes its key by one of two paths: the direct heap path, or the executor (the
+# kept SPI plans) that Citus and every table with a trigger, rule, CHECK, extra column or
+# index takes. The tests of the claim core run on both, against the same expected results.
+# Each path besides the direct one is a pair of files in test/paths/: PATH.setup.sql puts
+# the table on that path before a test; PATH.check.sql, after it, fails unless the path
+# was taken and undoes the setup. Every isolation spec NAME also runs as NAME.PATH, and
+# every pgTAP file marked "-- On every path:" also runs in a database set up for PATH.
+
+# The paths besides the direct one.
+test_paths() {
+  local f
+  for f in "$IDEM_SRC"/test/paths/*.setup.sql; do
+    [[ -e $f ]] && basename "$f" .setup.sql
+  done
+  return 0
+}
+
+# isolation_input DIR TEST...: an input directory for pg_isolation_regress: each spec NAME
+# as it is, each NAME.PATH generated from it (the path's setup as a first setup block, its
+# check at the end of the teardown block), and NAME's expected output files for both: a
+# path that answers differently fails.
+isolation_input() {
+  local dir="$1" test name path out variant
+  shift
+  as_pg rm -rf "$dir"
+  as_pg mkdir -p "$dir/specs" "$dir/expected" || return 1
+  for test in "$@"; do
+    name="${test%%.*}"
+    path=""
+    [[ $test == *.* ]] && path="${test#*.}"
+    for out in "$IDEM_SRC/test/isolation/expected/$name".out "$IDEM_SRC/test/isolation/expected/${name}"_[0-9]*.out; do
+      [[ -e $out ]] || continue
+      variant="$(basename "$out" .out)"
+      variant="${variant#"$name"}" # "" or _N
+      as_pg cp "$out" "$dir/expected/$test$variant.out" || return 1
+    done
+    if [[ -z $path ]]; then
+      as_pg cp "$IDEM_SRC/test/isolation/specs/$name.spec" "$dir/specs/" || return 1
+      continue
+    fi
+    local generated
+    generated="$(perl -e '
+      my ($spec, $setup, $check) = map {
+        open my $f, "<", $_ or die "$_: $!\n"; local $/; scalar <$f>
+      } @ARGV;
+      for ($setup, $check) { die "a closing brace would end the spec block early\n" if /\}/ }
+      my ($head) = split /^session\b/m, $spec, 2;
+      if ($head =~ /^teardown\s*\{/m) {
+        # The block runs as one implicit transaction: COMMIT keeps the spec'"'"'s own
+        # teardown when the check fails.
+        $spec =~ s/^(teardown\s*\{.*?)(\s*\})/$1\n  COMMIT;\n$check$2/ms or die "no teardown block\n";
+      } else {
+        $spec =~ s/^(?=session\b)/teardown\n{\n$check}\n\n/m or die "no session\n";
+      }
+      my @names = map { s{.*/test/}{test/}r } @ARGV;
+      print "# Generated by test/run.sh: $names[0] with $names[1] and $names[2]\n",
+            "setup\n{\n$setup}\n\n$spec";
+    ' "$IDEM_SRC/test/isolation/specs/$name.spec" "$IDEM_SRC/test/paths/$path.setup.sql" \
+      "$IDEM_SRC/test/paths/$path.check.sql")" || return 1
+    printf '%s\n' "$generated" | as_pg tee "$dir/specs/$test.spec" >/dev/null || return 1
+  done
 }
 
 # --- pgTAP -------------------------------------------------------------------------------
 
+# A pgTAP file with a line starting so runs on every path (see "paths" above).
+PGTAP_EVERY_PATH='^-- On every path:'
+
+# pgtap_run FILE [PATH]: runs FILE in a fresh database, set up for PATH if one is given;
+# adds its assertions to passed / failed (variables of suite_pgtap) and leaves its result
+# lines in $dir/NAME[.PATH].tap. On another path, two more checks: the path was taken,
+# and the result lines are those of the direct run (when that ran too).
+pgtap_run() {
+  local f="$1" path="${2:-}" name test db log rc ok notok plan missing
+  name="$(basename "$f" .sql)"
+  test="$name${path:+.$path}"
+  db="pgtap_${test//[^a-zA-Z0-9_]/_}"
+  log="$dir/$test.log"
+  echo "  -- $test"
+  if ! pg_psql -d postgres -c "SET client_min_messages = warning" \
+    -c "DROP DATABASE IF EXISTS $db WITH (FORCE)" -c "CREATE DATABASE $db" ||
+    ! pg_psql -d "$db" -c 'CREATE EXTENSION pgtap' -c 'CREATE EXTENSION idempotency' ||
+    { [[ -n $path ]] && ! pg_psql -d "$db" -f "$IDEM_SRC/test/paths/$path.setup.sql"; }; then
+    echo "    could not prepare database $db"
+    failed=$((failed + 1))
+    return
+  fi
+  rc=0
+  run_child "$log" as_pg pg_prove --verbose --failures --timer \
+    -h "$PGHOST" -p "$PGPORT" -U postgres -d "$db" "$f" || rc=$?
+  ok=$(grep -cE '^ok [0-9]+' "$log")
+  notok=$(grep -E '^not ok [0-9]+' "$log" | grep -vc '# TODO')
+  plan=$(sed -nE 's/^1\.\.([0-9]+).*/\1/p' "$log" | head -1)
+  missing=0
+  [[ -n $plan ]] && ((plan > ok + notok)) && missing=$((plan - ok - notok))
+  ((rc != 0 && notok + missing == 0)) && missing=1
+  passed=$((passed + ok))
+  failed=$((failed + notok + missing))
+  ((missing > 0)) && echo "    $test: $missing assertion(s) did not run or the file failed (exit $rc)"
+  grep -E '^(not )?ok [0-9]+' "$log" >"$dir/$test.tap"
+  if [[ -n $path ]]; then
+    if pg_psql -d "$db" -f "$IDEM_SRC/test/paths/$path.check.sql"; then
+      passed=$((passed + 1))
+    else
+      echo "    $test: the $path path was not taken ($path.check.sql failed)"
+      failed=$((failed + 1))
+    fi
+    if [[ -e $dir/$name.tap ]]; then
+      if diff -U0 "$dir/$name.tap" "$dir/$test.tap" >"$dir/$test.diff"; then
+        passed=$((passed + 1))
+      else
+        echo "    $test: results differ from the direct path's ($name):"
+        indent <"$dir/$test.diff"
+        failed=$((failed + 1))
+      fi
+    fi
+  fi
+  pg_psql -d postgres -c "DROP DATABASE IF EXISTS $db WITH (FORCE)" || true
+}
+
 suite_pgtap() {
-  local -a files=()
-  local f
-  mapfile -t files < <(selected pgtap .sql "$IDEM_SRC"/test/pgtap/*.sql)
-  if ((${#files[@]} == 0)); then record pgtap 0 0 "(no files)"; return; fi
-  echo "== pgtap: ${#files[@]} file(s), counting assertions"
+  local -a runs=()
+  local f name path
+  for f in "$IDEM_SRC"/test/pgtap/*.sql; do
+    [[ -e $f ]] || continue
+    name="$(basename "$f" .sql)"
+    wanted "$name" pgtap && runs+=("$f|")
+    grep -q "$PGTAP_EVERY_PATH" "$f" || continue
+    for path in $(test_paths); do
+      { wanted "$name" pgtap || wanted "$name.$path" pgtap; } && runs+=("$f|$path")
+    done
+  done
+  if ((${#runs[@]} == 0)); then record pgtap 0 0 "(no files)"; return; fi
+  echo "== pgtap: ${#runs[@]} run(s) of test/pgtap/*.sql, counting assertions"
   local dir="$IDEM_SCRATCH/pgtap"
   if ! cluster_start "$dir" "" "idempotency.cleanup_interval = '1s'"; then
     record pgtap 0 1 "(could not start a server)"
     return
   fi
-  local passed=0 failed=0 name db log rc ok notok plan missing
-  for f in "${files[@]}"; do
-    name="$(basename "$f" .sql)"
-    db="pgtap_${name//[^a-zA-Z0-9_]/_}"
-    log="$dir/$name.log"
-    echo "  -- $name"
-    if ! pg_psql -d postgres -c "SET client_min_messages = warning" \
-      -c "DROP DATABASE IF EXISTS $db WITH (FORCE)" -c "CREATE DATABASE $db" ||
-      ! pg_psql -d "$db" -c 'CREATE EXTENSION pgtap' -c 'CREATE EXTENSION idempotency'; then
-      echo "    could not prepare database $db"
-      failed=$((failed + 1))
-      continue
-    fi
-    rc=0
-    run_child "$log" as_pg pg_prove --verbose --failures --timer \
-      -h "$PGHOST" -p "$PGPORT" -U postgres -d "$db" "$f" || rc=$?
-    ok=$(grep -cE '^ok [0-9]+' "$log")
-    notok=$(grep -E '^not ok [0-9]+' "$log" | grep -vc '# TODO')
-    plan=$(sed -nE 's/^1\.\.([0-9]+).*/\1/p' "$log" | head -1)
-    missing=0
-    [[ -n $plan ]] && ((plan > ok + notok)) && missing=$((plan - ok - notok))
-    ((rc != 0 && notok + missing == 0)) && missing=1
-    passed=$((passed + ok))
-    failed=$((failed + notok + missing))
-    ((missing > 0)) && echo "    $name: $missing assertion(s) did not run or the file failed (exit $rc)"
-    pg_psql -d postgres -c "DROP DATABASE IF EXISTS $db WITH (FORCE)" || true
-  done
+  local passed=0 failed=0 run
+  for run in "${runs[@]}"; do pgtap_run "${run%|*}" "${run##*|}"; done
   ((failed > 0)) && show_file "server log" "$dir/server.log" 40
   cluster_stop "$dir"
   record pgtap "$passed" "$failed" "(assertions)"

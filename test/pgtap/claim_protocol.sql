@@ -1,5 +1,8 @@
 -- pgTAP: the claim protocol's state machine, fencing, security, fingerprints and settings.
 -- Run by test/run.sh in a fresh database with pgtap and idempotency installed.
+-- On every path: test/run.sh runs this file as it is (claims written by the direct heap
+-- path) and again with the table on the executor path (test/paths/executor.setup.sql), and
+-- requires the same result lines.
 \set ON_ERROR_STOP 1
 \pset format unaligned
 \pset tuples_only on
