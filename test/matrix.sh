@@ -35,7 +35,15 @@ for config in "${configs[@]}"; do
   versions+=("$version")
   log="$out/${version// /_}.log"
   echo "== PostgreSQL $version ($config): log $log"
-  PG_CONFIG="$config" bash "$root/test/run.sh" "${suites[@]}" >"$log" 2>&1 || status=1
+  # tap:050_pg_upgrade upgrades from the previous installation given (not from Debian's
+  # 15, whose clusters stock servers refuse in pg_upgrade).
+  upgrade=()
+  if [[ -n ${previous:-} && $previous != /usr/lib/postgresql/* ]]; then
+    upgrade=(IDEM_UPGRADE_OLD="$(dirname "$(dirname "$previous")")"
+      IDEM_UPGRADE_NEW="$(dirname "$(dirname "$config")")")
+  fi
+  previous="$config"
+  env "${upgrade[@]}" PG_CONFIG="$config" bash "$root/test/run.sh" "${suites[@]}" >"$log" 2>&1 || status=1
   # The runner's summary block: "  NAME   P passed, F failed  NOTE".
   while read -r name passed _ failed _; do
     [[ -n ${seen_suite[$name]:-} ]] || { seen_suite[$name]=1; order+=("$name"); }
