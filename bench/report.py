@@ -5,6 +5,8 @@
     report.py claims claims.tsv                             throughput table and goals
     report.py uuid uuid.tsv COUNT INSERTS                   gen_uuid_v7 vs gen_random_uuid
     report.py wal wal.tsv                                   WAL bytes per transaction
+    report.py charts OUTDIR RUN [claims.tsv] [scale.tsv]    PNG charts (matplotlib), each
+                                                            titled with RUN (which run it shows)
 Only ratios within one run are meaningful: every competitor ran on the same machine, in
 the same minutes, interleaved.
 """
@@ -292,6 +294,70 @@ def profile(args):
     print("Top self: " + "; ".join(top))
 
 
+def charts(args):
+    """throughput.png from claims.tsv and scale.png from scale.tsv, each titled with the run."""
+    import os
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    import textwrap
+    outdir, paths = args[0], args[2:]
+    run = "\n".join(textwrap.wrap(args[1], 90))
+    written = []
+    for path in paths:
+        if not os.path.exists(path) or os.path.getsize(path) == 0:
+            continue
+        name = os.path.basename(path)
+        if "claims" in name:
+            medians = read_claims(path)
+            names = [n for n in LABELS if (n, "on") in medians or (n, "off") in medians]
+            fig, ax = plt.subplots(figsize=(9, 0.42 * len(names) + 1.6))
+            height = 0.38
+            for offset, sync, color in ((-height / 2, "on", "#4c72b0"), (height / 2, "off", "#dd8452")):
+                values = [medians[(n, sync)]["tps"] if (n, sync) in medians else 0 for n in names]
+                ax.barh([i + offset for i in range(len(names))], values, height,
+                        label="synchronous_commit = %s" % sync, color=color)
+            ax.set_yticks(range(len(names)))
+            ax.set_yticklabels([LABELS[n] for n in names], fontsize=8)
+            ax.invert_yaxis()
+            ax.set_xlabel("transactions per second (median of runs; 8 clients)")
+            ax.set_title("idempotency: throughput per workload\n%s" % run, fontsize=9)
+            ax.legend(fontsize=8, loc="lower right")
+            ax.grid(axis="x", alpha=0.3)
+            target = os.path.join(outdir, "throughput.png")
+        elif "scale" in name:
+            series = {}
+            with open(path) as tsv:
+                for line in tsv:
+                    fields = line.rstrip("\n").split("\t")
+                    if len(fields) >= 3 and fields[2]:
+                        series.setdefault(fields[0], []).append((float(fields[1]), float(fields[2])))
+            fig, ax = plt.subplots(figsize=(7, 4))
+            for source, points in sorted(series.items()):
+                label = "gen_uuid_v7() keys" if source == "v7" else "random text keys"
+                ax.plot([p[0] for p in points], [p[1] for p in points], marker="o", label=label)
+            ax.set_xscale("log")
+            steps = sorted({p[0] for points in series.values() for p in points})
+            ax.set_xticks(steps)
+            ax.set_xticklabels(["%gM" % step for step in steps])
+            ax.minorticks_off()
+            ax.set_ylim(bottom=0)
+            ax.set_xlabel("keys in idempotency_keys (millions, log scale)")
+            ax.set_ylabel("claims of new keys per second")
+            ax.set_title("idempotency: claim rate as the table grows\n%s" % run, fontsize=9)
+            ax.legend(fontsize=8)
+            ax.grid(alpha=0.3)
+            target = os.path.join(outdir, "scale.png")
+        else:
+            continue
+        fig.tight_layout()
+        fig.savefig(target, dpi=110)
+        plt.close(fig)
+        written.append(target)
+    print("charts: %s" % (", ".join(written) if written else "none (no claims or scale results)"))
+
+
 if __name__ == "__main__":
-    {"latency": latency, "claims": claims, "uuid": uuid, "wal": wal, "memory": memory,
+    {"charts": charts, "latency": latency, "claims": claims, "uuid": uuid, "wal": wal, "memory": memory,
      "scale": scale, "profile": profile, "instructions": instructions}[sys.argv[1]](sys.argv[2:])

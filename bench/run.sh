@@ -14,8 +14,9 @@
 # Environment: BENCH_PORT (5460), BENCH_SECONDS / BENCH_REPS (per pgbench run),
 # BENCH_CLIENTS (8), BENCH_THREADS (2), BENCH_NO_BUILD=1 (use the installed extension),
 # SCALE_STEPS ("1 10": millions of keys for the scale curve).
-# Results: bench/results/latest/ (or BENCH_OUT): summary.txt and the raw TSVs of the last
-# run; a copy of each summary stays in bench/results/summary-<time>.txt.
+# Results: bench/results/latest/ (or BENCH_OUT): summary.txt, the raw TSVs and the charts
+# (throughput.png, scale.png) of the last run; a copy of each summary stays in
+# bench/results/summary-<time>.txt.
 set -euo pipefail
 
 BENCH_HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
@@ -60,7 +61,7 @@ rm -rf "$OUT"
 mkdir -p "$OUT"
 
 # pgbench comes with the server packages; callgrind and perf for the parts that use them.
-IDEM_PACKAGES+=(python3 valgrind)
+IDEM_PACKAGES+=(python3 python3-matplotlib valgrind)
 [[ " ${PARTS[*]} " == *" profile "* ]] && IDEM_PACKAGES+=(linux-perf)
 ensure_packages
 if [[ ${BENCH_NO_BUILD:-0} != 1 ]]; then build_and_install; fi
@@ -326,5 +327,12 @@ for part in "${PARTS[@]}"; do
   summary ""
   "run_$part" | tee -a "$OUT/summary.txt"
 done
+# Charts of this run, titled with the run they show (its summary line and commit); Debian's
+# python3, which has python3-matplotlib.
+run_label="$(head -1 "$OUT/summary.txt" | sed 's/^idempotency benchmark: //; s/;.*//')"
+commit="$(git -C "$IDEM_ROOT" rev-parse --short HEAD 2>/dev/null || echo unknown)"
+git -C "$IDEM_ROOT" diff --quiet HEAD -- src 2>/dev/null || commit="$commit with local changes"
+/usr/bin/python3 "$BENCH_HERE/report.py" charts "$OUT" "make bench of $run_label, commit $commit" \
+  "$OUT/claims.tsv" "$OUT/scale.tsv" | tee -a "$OUT/summary.txt"
 cp "$OUT/summary.txt" "$RESULTS/summary-$(date -u +%Y%m%dT%H%M%S).txt"
 idem_log "summary: $OUT/summary.txt"
