@@ -1,6 +1,12 @@
 -- The double-charge story, told with the real API. Run by demo/run.sh (`make demo`) with
 -- psql against a throw-away server; every delivery below really happens, in order.
 \set ON_ERROR_STOP 1
+-- Section 6 opens a second session with \! psql: it connects to this session's server and
+-- database, whatever the environment says (psql -d demo works without PGDATABASE).
+\setenv PGDATABASE :DBNAME
+\setenv PGHOST :HOST
+\setenv PGPORT :PORT
+\setenv PGUSER :USER
 \pset border 2
 \pset null '-'
 \pset footer off

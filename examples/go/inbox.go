@@ -1,13 +1,13 @@
 // An at-least-once message handler made idempotent with the idempotency extension and
-// pgx v5 (inbox pattern: claim, business write, complete, COMMIT in one transaction).
-// A snippet for the README, not built by the project's tests (no Go toolchain needed
-// there). The extension lives in its own schema, idempotency: the role the handler
-// connects as needs USAGE on it (as a superuser, once: CREATE EXTENSION idempotency;
-// GRANT USAGE ON SCHEMA idempotency TO app; and the rights on the business table,
-// GRANT SELECT, INSERT, UPDATE ON accounts TO app), and the functions are called
-// schema-qualified. To try it:
+// pgx v4 (inbox pattern: claim, business write, complete, COMMIT in one transaction).
+// The extension lives in its own schema, idempotency: the role the handler connects as
+// needs USAGE on it (as a superuser, once: CREATE EXTENSION idempotency; GRANT USAGE ON
+// SCHEMA idempotency TO app) and CREATE on a schema of its search_path for its table
+// accounts (the owner of its database has it); the functions are called schema-qualified.
+// To try it (examples/README.md; the examples suite runs the Debian line):
 //
-//	go mod init example && go get github.com/jackc/pgx/v5 && go run . "postgres:///mydb?user=app"
+//	go mod init example && go get github.com/jackc/pgx/v4 && go run . "postgres:///app?user=app"
+//	GO111MODULE=off GOPATH=/usr/share/gocode go run inbox.go "postgres:///app?user=app"   # Debian's golang-github-jackc-pgx-v4-dev
 package main
 
 import (
@@ -18,8 +18,8 @@ import (
 	"os"
 	"time"
 
-	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/jackc/pgx/v4"
+	"github.com/jackc/pgx/v4/pgxpool"
 )
 
 // ErrMismatch: the key was used before with another payload (reject: HTTP 422 / dead-letter).
@@ -33,7 +33,7 @@ func (e *RetryLater) Error() string { return fmt.Sprintf("in progress, retry aft
 // HandleOnce runs effect at most once per key and returns its stored result on duplicates.
 func HandleOnce(ctx context.Context, pool *pgxpool.Pool, key string, payload []byte,
 	effect func(pgx.Tx) (any, error)) (result []byte, replayed bool, err error) {
-	err = pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+	err = pool.BeginFunc(ctx, func(tx pgx.Tx) error {
 		var status string
 		var token, response *string // NULL unless claimed / replay
 		var retryAfter *float64
@@ -70,14 +70,19 @@ func HandleOnce(ctx context.Context, pool *pgxpool.Pool, key string, payload []b
 
 func main() {
 	ctx := context.Background()
-	pool, err := pgxpool.New(ctx, os.Args[1])
+	pool, err := pgxpool.Connect(ctx, os.Args[1])
 	if err != nil {
 		panic(err)
 	}
 	defer pool.Close()
-	msg := []byte(`{"id": "pay-1", "account": "alice", "amount": 100}`)
+	// The business table (the role owns its database, so it may create it).
+	if _, err := pool.Exec(ctx, `CREATE TABLE IF NOT EXISTS accounts (
+	    id text PRIMARY KEY, balance bigint NOT NULL DEFAULT 0)`); err != nil {
+		panic(err)
+	}
+	msg := []byte(`{"id": "go-pay-1", "account": "alice", "amount": 100}`)
 	for delivery := 1; delivery <= 2; delivery++ { // the broker delivers the message twice
-		out, replayed, err := HandleOnce(ctx, pool, "pay-1", msg, func(tx pgx.Tx) (any, error) {
+		out, replayed, err := HandleOnce(ctx, pool, "go-pay-1", msg, func(tx pgx.Tx) (any, error) {
 			var balance int64
 			err := tx.QueryRow(ctx, `INSERT INTO accounts (id, balance) VALUES ('alice', 100)
 			    ON CONFLICT (id) DO UPDATE SET balance = accounts.balance + 100

@@ -6,7 +6,7 @@
 #   2. the same with 300 messages through PgBouncer in transaction pooling mode;
 #   3. self-test: consumers with a deliberate bug (a debit on replay, a reclaim that
 #      ignores the recovery point) must make the harness fail.
-# The long mode is `test/chaos/run.sh --long` (see README, section reliability).
+# The long mode is `test/chaos/run.sh --long` (docs/reliability.md).
 set -uo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/../lib.sh"
 

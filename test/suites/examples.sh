@@ -1,10 +1,15 @@
 #!/usr/bin/env bash
 # Suite: the client examples run against a throw-away server and do what they claim.
-#   examples/python/consumer.py   inbox consumer on duplicated messages (once, with a crash,
-#                                 and two consumers racing on one message)
+#   examples/README.md            its Python, Node and Go commands run as printed (the Node
+#                                 test's HTTP_PORT aside: a free port), each on a fresh
+#                                 database `app` set up as the README says, and print what
+#                                 the page shows
+#   examples/python/consumer.py   also: two consumers racing on one message, as another role
 #   examples/node                 HTTP Idempotency-Key endpoint, real requests (npm ci,
 #                                 node --test): 400 / replay / 409 / 422 / concurrency
+#   examples/go/inbox.go          pgx v4 from Debian's archive (golang-github-jackc-pgx-v4-dev)
 #   examples/sql/walkthrough.sql  runs twice and prints exactly walkthrough.out
+#   demo/demo.sql                 runs with psql -d demo and no PGDATABASE (make demo's script)
 # The Python consumer and the Node server run as ordinary application roles (their --setup,
 # as the superuser, grants them USAGE on schema idempotency and the business tables), on a
 # server whose search_path does not name the extension's schema: the examples work the way
@@ -14,6 +19,7 @@ source "$(dirname "$0")/../lib.sh"
 # node and npm may come from elsewhere (nodesource); install Debian's only when absent.
 command -v node >/dev/null || IDEM_PACKAGES+=(nodejs)
 command -v npm >/dev/null || IDEM_PACKAGES+=(npm)
+IDEM_PACKAGES+=(golang-go golang-github-jackc-pgx-v4-dev)
 ensure_packages
 build_and_install
 idem_scratch_init
@@ -40,10 +46,51 @@ PGPORT_EX="$(idem_free_port 5480 5489)" || idem_die "no free port in 5480-5489"
 # The test servers' search_path names the extension's schema (test/lib.sh); users' servers
 # do not: nor does this one.
 cluster_start "$IDEM_SCRATCH/pg" "$PGPORT_EX" "search_path = '\"\$user\", public'"
-for db in py node walk; do q -c "CREATE DATABASE $db" postgres >/dev/null; done
-q -c "CREATE ROLE py_app LOGIN" -c "CREATE ROLE node_app LOGIN" postgres >/dev/null
+for db in py walk; do q -c "CREATE DATABASE $db" postgres >/dev/null; done
+q -c "CREATE ROLE py_app LOGIN" -c "CREATE ROLE app LOGIN" postgres >/dev/null
 OUT="$IDEM_SCRATCH/out"
 mkdir -p "$OUT"
+
+# --- examples/README.md, as printed -------------------------------------------------------
+DOC="$EX/README.md"
+MDB=(/usr/bin/python3 "$IDEM_ROOT/test/docs/mdblocks.py")
+# A fresh database app, owned by the role app, as the README's "Creating the extension" says.
+fresh_app() {
+  q -c "DROP DATABASE IF EXISTS app WITH (FORCE)" -c "CREATE DATABASE app OWNER app" postgres >/dev/null &&
+    q -d app -c "CREATE EXTENSION idempotency" -c "GRANT USAGE ON SCHEMA idempotency TO app" >/dev/null
+}
+# documented NAME TEXT LOG [SED]: runs the command of examples/README.md's sh block holding
+# TEXT, from the top directory, with Debian's python3, node and go first on PATH (the
+# server from the PG* environment); stdout to LOG, stderr to LOG.err. SED edits the command.
+documented() {
+  local cmd
+  cmd="$("${MDB[@]}" command "$DOC" "$2")" || return 1
+  [[ -n ${4:-} ]] && cmd="$(sed -e "$4" <<<"$cmd")"
+  echo "# \$ $cmd"
+  fresh_app || return 1
+  (cd "$IDEM_ROOT" && PATH="/usr/bin:$PATH" bash -c "$cmd") >"$3" 2>"$3.err"
+}
+# shows_output NAME TEXT LOG: LOG is the output block after that sh block, exactly.
+shows_output() {
+  if diff -u <("${MDB[@]}" output "$DOC" "$2") "$3" >"$3.diff"; then
+    ok "$1"
+  else
+    sed 's/^/    | /' "$3.diff" "$3.err"
+    not_ok "$1"
+  fi
+}
+
+echo "# examples/README.md: Python"
+documented python "consumer.py --dsn" "$OUT/doc-py.log"
+check "README python command exits 0" test $? -eq 0
+shows_output "README python command prints what examples/README.md shows" "consumer.py --dsn" "$OUT/doc-py.log"
+check "README python: every key belongs to app" \
+  test "$(q -d app -c "SELECT count(*) > 0 AND bool_and(owner = 'app'::regrole) FROM idempotency.idempotency_keys")" = t
+
+echo "# examples/README.md: Go"
+documented go "go run inbox.go" "$OUT/doc-go.log"
+check "README go command exits 0" test $? -eq 0
+shows_output "README go command prints what examples/README.md shows" "go run inbox.go" "$OUT/doc-go.log"
 
 # --- Python: inbox consumer ------------------------------------------------------------
 echo "# python: one consumer, every message delivered two or three times, one crash"
@@ -91,37 +138,29 @@ check "python: every key belongs to the consumer's role" \
   test "$(q -d py -c "SELECT count(*) > 0 AND bool_and(owner = 'py_app'::regrole) FROM idempotency.idempotency_keys")" = t
 cat "$OUT/py1.log" "$OUT/pyA.log" "$OUT/pyB.log" | sed 's/^/    /'
 
-# --- Node.js: HTTP endpoint --------------------------------------------------------------
-echo "# node $(node --version): npm ci, then node --test with real HTTP requests"
-if (cd "$EX/node" && npm ci --no-audit --no-fund --loglevel=error) >"$OUT/npm.log" 2>&1; then
-  ok "node: npm ci"
-  http_port="$(idem_free_port $((PGPORT_EX + 1)) 5489)" || idem_die "no free HTTP port in 5480-5489"
-  (cd "$EX/node" && PGDATABASE=node PGUSER=node_app HTTP_PORT="$http_port" \
-    SETUP_DATABASE_URL="postgresql:///node?host=$PGHOST&port=$PGPORT&user=postgres" \
-    node --test --test-reporter=tap test/http.test.js) >"$OUT/node.tap" 2>&1
-  rc_node=$?
-  grep -E '^(not )?ok |^# (pass|fail)' "$OUT/node.tap" | sed 's/^/    /'
-  np="$(sed -n 's/^# pass \([0-9]*\)$/\1/p' "$OUT/node.tap" | tail -1)"
-  nf="$(sed -n 's/^# fail \([0-9]*\)$/\1/p' "$OUT/node.tap" | tail -1)"
-  if [[ -z $np || -z $nf ]] || ((np == 0)); then
-    sed 's/^/    | /' "$OUT/node.tap"
-    not_ok "node: test run produced no results (exit $rc_node)"
-  else
-    passed=$((passed + np))
-    failed=$((failed + nf))
-    ((nf > 0)) && sed 's/^/    | /' "$OUT/node.tap"
-    ((rc_node != 0 && nf == 0)) && not_ok "node: test run exit $rc_node"
-  fi
-  check "node: each effect once in the database" \
-    test "$(q -d node -c "SELECT count(*) FROM (SELECT idempotency_key FROM payments
-                                                GROUP BY 1 HAVING count(*) > 1) s")" = 0
-  check "node: the server ran as node_app, which owns every key" \
-    test "$(q -d node -c "SELECT count(*) > 0 AND bool_and(owner = 'node_app'::regrole)
-                          FROM idempotency.idempotency_keys")" = t
+# --- Node.js: HTTP endpoint, as examples/README.md runs its tests ------------------------
+echo "# node $(node --version): the README's npm ci && ... npm test (real HTTP requests)"
+http_port="$(idem_free_port $((PGPORT_EX + 1)) 5489)" || idem_die "no free HTTP port in 5480-5489"
+documented node "npm test" "$OUT/node.tap" "s/HTTP_PORT=3001/HTTP_PORT=$http_port/"
+rc_node=$?
+grep -E '^(not )?ok |^# (pass|fail)' "$OUT/node.tap" | sed 's/^/    /'
+np="$(sed -n 's/^# pass \([0-9]*\)$/\1/p' "$OUT/node.tap" | tail -1)"
+nf="$(sed -n 's/^# fail \([0-9]*\)$/\1/p' "$OUT/node.tap" | tail -1)"
+if [[ -z $np || -z $nf ]] || ((np == 0)); then
+  sed 's/^/    | /' "$OUT/node.tap" "$OUT/node.tap.err"
+  not_ok "node: npm ci and the test run produced no results (exit $rc_node)"
 else
-  sed 's/^/    | /' "$OUT/npm.log"
-  not_ok "node: npm ci"
+  passed=$((passed + np))
+  failed=$((failed + nf))
+  ((nf > 0)) && sed 's/^/    | /' "$OUT/node.tap"
+  ((rc_node != 0 && nf == 0)) && not_ok "node: npm ci / npm test exit $rc_node"
 fi
+check "node: each effect once in the database" \
+  test "$(q -d app -c "SELECT count(*) FROM (SELECT idempotency_key FROM payments
+                                             GROUP BY 1 HAVING count(*) > 1) s")" = 0
+check "node: the server ran as app, which owns every key" \
+  test "$(q -d app -c "SELECT count(*) > 0 AND bool_and(owner = 'app'::regrole)
+                       FROM idempotency.idempotency_keys")" = t
 
 # --- psql walkthrough ------------------------------------------------------------------
 echo "# sql: examples/sql/walkthrough.sql (twice: it must be re-runnable)"
@@ -138,6 +177,16 @@ done
 # Its only error is the fenced complete_key it shows on purpose.
 check "sql walkthrough: the one expected error (stale token) and nothing else" \
   test "$(grep -c 'ERROR' "$OUT/walk2.err")" = 1
+
+# --- demo/demo.sql without PGDATABASE (issue #12) ------------------------------------------
+echo "# demo: psql -d demo -f demo/demo.sql, PGDATABASE unset (its second session must find the demo database)"
+q -c "CREATE DATABASE demo" postgres >/dev/null && q -d demo -c "CREATE EXTENSION idempotency" >/dev/null
+(unset PGDATABASE && psql -X -d demo -f "$IDEM_ROOT/demo/demo.sql") >"$OUT/demo.log" 2>&1
+check "demo.sql exits 0" test $? -eq 0
+check "demo.sql: no statement failed (the second session too)" bash -c "! grep -E 'ERROR|FATAL' '$OUT/demo.log'"
+check "demo.sql: session B saw in_progress while A's transaction was open" \
+  grep -qE '^\| M2 +\| in_progress +\| +409 ' "$OUT/demo.log"
+check "demo.sql: charged exactly once" grep -qE '^\| +20\.00 \| +20\.00 \| t ' "$OUT/demo.log"
 
 echo "${passed} passed, ${failed} failed"
 ((failed == 0))
