@@ -5,7 +5,8 @@
 #   - META.json follows the PGXN meta spec 1.0.0 (required keys, semantic versions)
 #   - debian/control is current with debian/control.in (pg_buildext checkcontrol)
 #   - dpkg-buildpackage -us -uc -b builds postgresql-15-idempotency from a copy of the
-#     working tree; dpkg -i installs it; its files land; CREATE EXTENSION works on a
+#     working tree (a git repository of its own, as a clone is) and leaves `git status`
+#     clean there (.gitignore covers what debhelper writes); dpkg -i installs it; its files land; CREATE EXTENSION works on a
 #     throw-away server preloading the packaged library
 #   - a PGXN release zip of the same copy installs with `pgxn install` (into a DESTDIR)
 #   - then the package is removed and the previously installed files (`make install`'s)
@@ -70,6 +71,9 @@ mkdir -p "$SRC"
 git ls-files -z --cached --others --exclude-standard |
   while IFS= read -r -d '' f; do [[ -e $f ]] && printf '%s\0' "$f"; done |
   tar -c --null -T - | tar -x -C "$SRC"
+# As in a clone: its own git repository, every file committed.
+(cd "$SRC" && git init -q && git add -A && git -c user.name=packaging -c user.email=packaging@localhost \
+  commit -q -m "the tree as built") || idem_die "could not make a git repository of $SRC"
 echo "# dpkg-buildpackage -us -uc -b in $SRC"
 start=$SECONDS
 (cd "$SRC" && dpkg-buildpackage -us -uc -b -j"$(nproc)") >"$BUILD/build.log" 2>&1
@@ -84,6 +88,8 @@ else
   echo "${passed} passed, ${failed} failed"
   exit 1
 fi
+dirty="$(cd "$SRC" && git status --porcelain)"
+same "dpkg-buildpackage in a clone leaves git status clean (untracked: .gitignore)" "" "$dirty"
 PKG="postgresql-${IDEM_PG_MAJOR}-idempotency"
 PKGLIB="$("$IDEM_PG_CONFIG" --pkglibdir)"
 EXTDIR="$("$IDEM_PG_CONFIG" --sharedir)/extension"
