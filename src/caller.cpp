@@ -176,21 +176,28 @@ Oid calling_role(const char* function_name) {
   return GetUserId();
 }
 
-ActingAsOwner::ActingAsOwner(const Installation& installation) {
+ActingAsOwner::ActingAsOwner(const Installation& installation, SearchPath when) {
   GetUserIdAndSecContext(&saved_user_, &saved_context_);
   SetUserIdAndSecContext(installation.owner, saved_context_ | SECURITY_LOCAL_USERID_CHANGE |
                                                  SECURITY_RESTRICTED_OPERATION);
-  guc_nest_level_ = NewGUCNestLevel();
   active_ = true;
-  try {
-    pg_call([] {
-      (void)set_config_option("search_path", "pg_catalog, pg_temp", PGC_USERSET, PGC_S_SESSION,
-                              GUC_ACTION_SAVE, true, 0, false);
-    });
-  } catch (...) {
-    restore();
-    throw;
+  if (when == SearchPath::kNow) {
+    try {
+      pin_search_path();
+    } catch (...) {
+      restore();
+      throw;
+    }
   }
+}
+
+void ActingAsOwner::pin_search_path() {
+  if (!active_ || guc_nest_level_ != 0) return;
+  guc_nest_level_ = NewGUCNestLevel();
+  pg_call([] {
+    (void)set_config_option("search_path", "pg_catalog, pg_temp", PGC_USERSET, PGC_S_SESSION,
+                            GUC_ACTION_SAVE, true, 0, false);
+  });
 }
 
 ActingAsOwner::~ActingAsOwner() {
@@ -201,7 +208,7 @@ void ActingAsOwner::restore() noexcept {
   if (!active_) return;
   active_ = false;
   // Discards the search_path set above (and anything else set at this nesting level).
-  AtEOXact_GUC(false, guc_nest_level_);
+  if (guc_nest_level_ != 0) AtEOXact_GUC(false, guc_nest_level_);
   SetUserIdAndSecContext(saved_user_, saved_context_);
 }
 

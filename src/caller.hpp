@@ -41,9 +41,17 @@ Oid calling_role(const char* function_name);
 // Acts as the installation's owner for the lifetime of the object: user id switched under
 // SECURITY_RESTRICTED_OPERATION, search_path = pg_catalog, pg_temp. The destructor restores
 // both; an ERROR that unwinds past it through PostgreSQL's abort restores them too.
+//
+// Only a statement resolves names, so search_path may be pinned when the first statement
+// is about to run (kBeforeFirstStatement: the user calls pin_search_path() then) instead
+// of at once: the claim path's direct heap and index work parses nothing, and a replay
+// then costs no GUC change.
 class ActingAsOwner {
  public:
-  explicit ActingAsOwner(const Installation& installation);
+  enum class SearchPath { kNow, kBeforeFirstStatement };
+  explicit ActingAsOwner(const Installation& installation, SearchPath when = SearchPath::kNow);
+  // Sets search_path = pg_catalog, pg_temp at a new GUC nesting level (once).
+  void pin_search_path();
   ~ActingAsOwner();
   ActingAsOwner(const ActingAsOwner&) = delete;
   ActingAsOwner& operator=(const ActingAsOwner&) = delete;
@@ -55,7 +63,7 @@ class ActingAsOwner {
 
   Oid saved_user_ = InvalidOid;
   int saved_context_ = 0;
-  int guc_nest_level_ = 0;
+  int guc_nest_level_ = 0;  // 0: search_path not pinned
   bool active_ = false;
 };
 

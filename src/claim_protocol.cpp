@@ -460,8 +460,9 @@ ClaimResult claim(Session& store, const ClaimRequest& request) {
 template <typename Work>
 auto as_owner(FunctionCallInfo fcinfo, Work&& work) {
   const caller::Installation installation = caller::of_function(fcinfo->flinfo->fn_oid);
-  caller::ActingAsOwner acting(installation);
-  Session store(installation.table);
+  caller::ActingAsOwner acting(installation,
+                               caller::ActingAsOwner::SearchPath::kBeforeFirstStatement);
+  Session store(installation.table, acting);
   auto result = work(static_cast<Session&>(store), installation);
   store.finish();
   return result;

@@ -195,10 +195,12 @@ void on_load() {
   CacheRegisterSyscacheCallback(ENUMOID, forget_plans, 0);
 }
 
-Session::Session(Oid table) : caller_context_(CurrentMemoryContext), table_(table) {}
+Session::Session(Oid table, caller::ActingAsOwner& acting)
+    : caller_context_(CurrentMemoryContext), table_(table), acting_(acting) {}
 
 void Session::connect() {
   if (connected_) return;
+  acting_.pin_search_path();
   int rc = pg_call([] { return SPI_connect(); });
   if (rc != SPI_OK_CONNECT) throw Error(ERRCODE_INTERNAL_ERROR, "SPI_connect failed");
   connected_ = true;

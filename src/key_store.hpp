@@ -5,6 +5,7 @@
 // calls a volatile function.
 #pragma once
 
+#include "caller.hpp"
 #include "key_row.hpp"
 
 namespace idem::key_store {
@@ -13,7 +14,8 @@ namespace idem::key_store {
 // checked by caller::of_function, never through search_path). Keys are (owner, scope, key).
 class Session {
  public:
-  explicit Session(Oid table);
+  // `acting` pins its search_path before the first statement this session runs.
+  Session(Oid table, caller::ActingAsOwner& acting);
   ~Session();
   Session(const Session&) = delete;
   Session& operator=(const Session&) = delete;
@@ -62,6 +64,7 @@ class Session {
 
   MemoryContext caller_context_;
   Oid table_;
+  caller::ActingAsOwner& acting_;
   bool connected_ = false;
   bool finished_ = false;
 };
