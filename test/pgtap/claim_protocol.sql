@@ -8,7 +8,7 @@
 \pset tuples_only on
 SET client_min_messages = warning;
 
-SELECT plan(138);
+SELECT plan(175);
 
 -------------------------------------------------------------------------------
 -- 1. A hostile search_path changes nothing (before any other call in this backend, so
@@ -131,6 +131,7 @@ SELECT ok(checkpoint_key('sm-2', (SELECT token FROM c1), 'charged', lease => '20
 SELECT is((SELECT recovery_point FROM idempotency_keys WHERE key = 'sm-2'), 'charged', 'checkpoint stores the recovery point');
 SELECT lives_ok(format('SELECT release_key(%L, %L)', 'sm-2', (SELECT token FROM c1)), 'release_key with the token');
 SELECT is((SELECT lease_token FROM idempotency_keys WHERE key = 'sm-2'), NULL, 'a released key has no holder');
+SELECT is((SELECT locked_until FROM idempotency_keys WHERE key = 'sm-2'), NULL, 'and no lease: locked_until is cleared');
 CREATE TEMP TABLE c2 AS SELECT * FROM claim_key('sm-2', request_fingerprint('job'::text));
 SELECT is((SELECT status FROM c2), 'reclaimed', 'released key: reclaimed at once');
 SELECT is((SELECT attempts FROM c2), 2, 'reclaimed: attempts 2');
@@ -298,5 +299,74 @@ SELECT throws_ok($$SELECT claim_key('12345')$$, '22001', NULL, 'idempotency.max_
 RESET idempotency.max_key_length;
 SELECT is((SELECT status FROM claim_key(repeat('k', 255))), 'claimed', 'a key of exactly 255 bytes is accepted');
 SELECT throws_ok($$SELECT claim_key(repeat('k', 256))$$, '22001', NULL, 'a key of 256 bytes is refused');
+
+-------------------------------------------------------------------------------
+-- 9. Exact boundaries (issue #16: each block kills a mutant that survived an earlier run)
+-------------------------------------------------------------------------------
+-- The response limit, at the limit and one byte over. complete_key measures the jsonb
+-- datum it is given with toast_raw_datum_size: the uncompressed size, 4-byte header
+-- included, which pg_column_size shows for a value that was never stored. A jsonb string
+-- of n characters is 12 + n bytes (header, container header, one entry, the characters).
+SELECT is(pg_column_size(to_jsonb(repeat('x', 1000))), 1012, 'a jsonb string of 1000 characters is a datum of 1012 bytes');
+SET idempotency.max_response_size = 1012;
+CREATE TEMP TABLE lim AS SELECT 'at' AS k, token FROM claim_key('size-at-limit')
+  UNION ALL SELECT 'over', token FROM claim_key('size-over-limit');
+SELECT is((complete_key('size-at-limit', (SELECT token FROM lim WHERE k = 'at'), to_jsonb(repeat('x', 1000)))).status,
+          'replay', 'a response of exactly idempotency.max_response_size bytes is stored');
+SELECT is((SELECT pg_column_size(response) FROM claim_key('size-at-limit')), 1012, 'and replayed whole');
+SELECT throws_ok(format('SELECT complete_key(%L, %L, to_jsonb(repeat(%L, 1001)))', 'size-over-limit',
+                        (SELECT token FROM lim WHERE k = 'over'), 'x'),
+                 '54000', 'response is too large', 'a response one byte over idempotency.max_response_size is refused');
+SELECT is((SELECT status::text || coalesce(response::text, ' without a response') FROM idempotency_keys WHERE key = 'size-over-limit'),
+          'processing without a response', 'the refused response changed nothing');
+RESET idempotency.max_response_size;
+
+-- Fingerprints that differ in one byte only: the only byte of a 1-byte fingerprint, the
+-- first and the last of a 32-byte one; and one that is a prefix of the other. Each pair:
+-- a completed key answers mismatch (no response), a held key answers mismatch too, and the
+-- stored fingerprint itself replays.
+CREATE TEMP TABLE fp (name text, stored bytea, other bytea);
+INSERT INTO fp VALUES
+  ('1 byte', '\x01', '\x00'),
+  ('32 bytes, first byte', sha256('fp'), set_byte(sha256('fp'), 0, get_byte(sha256('fp'), 0) # 1)),
+  ('32 bytes, last byte', sha256('fp'), set_byte(sha256('fp'), 31, get_byte(sha256('fp'), 31) # 128)),
+  ('a prefix', '\x0102', '\x01');
+SELECT is((SELECT count(*)::int FROM fp WHERE length(stored) = length(other) AND
+            (SELECT count(*) FROM generate_series(0, length(stored) - 1) i WHERE get_byte(stored, i) <> get_byte(other, i)) = 1),
+          3, 'three pairs differ in exactly one byte (and one is a prefix)');
+CREATE TEMP TABLE fp_done AS
+  SELECT name, (complete_key('fp-done ' || name, (claim_key('fp-done ' || name, stored)).token, '{"paid": 1}')).status FROM fp;
+SELECT is(status, 'replay', 'fingerprint, ' || name || ': completed') FROM fp_done ORDER BY name;
+SELECT is((SELECT status::text || coalesce(' ' || response::text, '') FROM claim_key('fp-done ' || name, other)),
+          'mismatch', 'fingerprint, ' || name || ': a completed key answers mismatch, without the response')
+  FROM fp ORDER BY name;
+SELECT is((SELECT status::text || ' ' || response::text FROM claim_key('fp-done ' || name, stored)),
+          'replay {"paid": 1}', 'fingerprint, ' || name || ': the same fingerprint replays')
+  FROM fp ORDER BY name;
+CREATE TEMP TABLE fp_held AS SELECT name, (claim_key('fp-held ' || name, stored)).status FROM fp;
+SELECT is(status, 'claimed', 'fingerprint, ' || name || ': claimed') FROM fp_held ORDER BY name;
+SELECT is((claim_key('fp-held ' || name, other)).status, 'mismatch',
+          'fingerprint, ' || name || ': a held key answers mismatch')
+  FROM fp ORDER BY name;
+SELECT is((claim_key('fp-held ' || name, stored)).status, 'in_progress',
+          'fingerprint, ' || name || ': the same fingerprint is in progress')
+  FROM fp ORDER BY name;
+
+-- checkpoint_key renews the lease in the stored row and moves expires_at out with it, so
+-- that the lease never outlives the key; a shorter renewal never pulls expires_at in.
+CREATE TEMP TABLE ck AS SELECT * FROM claim_key('ck-out', ttl => '1 min', lease => '1 min');
+CREATE TEMP TABLE ck_until AS SELECT checkpoint_key('ck-out', (SELECT token FROM ck), 'step-1', lease => '1 hour') AS until;
+SELECT ok((SELECT until > (SELECT expires_at FROM ck) + '58 min' FROM ck_until), 'checkpoint_key: the lease is renewed by an hour');
+SELECT is((SELECT locked_until FROM idempotency_keys WHERE key = 'ck-out'), (SELECT until FROM ck_until),
+          'checkpoint_key: the stored lease ends when checkpoint_key says');
+SELECT is((SELECT expires_at FROM idempotency_keys WHERE key = 'ck-out'), (SELECT until FROM ck_until),
+          'checkpoint_key: a lease renewed past the expiry moves expires_at to its end');
+SELECT is((SELECT recovery_point FROM idempotency_keys WHERE key = 'ck-out'), 'step-1', 'checkpoint_key: the recovery point is stored');
+CREATE TEMP TABLE ck2 AS SELECT * FROM claim_key('ck-in', ttl => '2 hours', lease => '10 min');
+CREATE TEMP TABLE ck2_until AS SELECT checkpoint_key('ck-in', (SELECT token FROM ck2), 'step-1', lease => '1 min') AS until;
+SELECT is((SELECT locked_until FROM idempotency_keys WHERE key = 'ck-in'), (SELECT until FROM ck2_until),
+          'checkpoint_key: a shorter lease is stored as asked');
+SELECT is((SELECT expires_at FROM idempotency_keys WHERE key = 'ck-in'), (SELECT expires_at FROM ck2),
+          'checkpoint_key: a lease that ends before the expiry leaves expires_at alone');
 
 SELECT * FROM finish();
