@@ -17,7 +17,7 @@
 \pset tuples_only on
 SET client_min_messages = warning;
 
-SELECT plan(210);
+SELECT plan(215);
 
 SELECT pg_backend_pid() AS start_pid \gset
 -- The server log of test/run.sh's pgTAP server (lib.sh: DIR/server.log beside DIR/data),
@@ -856,6 +856,32 @@ SELECT is(sectest.state_as('sec_alice', $$SELECT idempotency.claim_key('grant-1'
 REVOKE ALL ON idempotency.key_lock_salt FROM PUBLIC;
 SELECT is(sectest.value_as('sec_alice', $$SELECT status FROM idempotency.claim_key('grant-1')$$), 'claimed',
           'grants: revoked again, claims work');
+
+-------------------------------------------------------------------------------
+-- 8c. The extension's schema or table owned by a role that is not a superuser (only a
+-- superuser can hand them over, say by a mistaken ALTER ... OWNER): that role could shape
+-- what the table work runs as the owner, so every call refuses and names the owner, and
+-- nothing is written (issue #16: these two checks of caller.cpp had no test).
+-------------------------------------------------------------------------------
+SELECT count(*) AS rows_before_owner_checks FROM idempotency.idempotency_keys \gset
+ALTER SCHEMA idempotency OWNER TO sec_dbowner;
+SELECT is(sectest.error_as('sec_alice', $$SELECT idempotency.claim_key('owner-1')$$),
+          '42501 | schema "idempotency" of extension idempotency is owned by role "sec_dbowner", which is not a superuser'
+          ' | Only superusers may own the extension''s schema and table; see SECURITY.md.',
+          'owners: a schema owned by a non-superuser makes claim_key refuse (42501)');
+ALTER SCHEMA idempotency OWNER TO postgres;
+ALTER TABLE idempotency.idempotency_keys OWNER TO sec_dbowner;
+SELECT is(sectest.error_as('sec_alice', $$SELECT idempotency.claim_key('owner-1')$$),
+          '42501 | table idempotency_keys of extension idempotency is owned by role "sec_dbowner", which is not a superuser'
+          ' | Only superusers may own the extension''s schema and table; see SECURITY.md.',
+          'owners: a table owned by a non-superuser makes claim_key refuse (42501)');
+SELECT is(sectest.state('SELECT idempotency.idempotency_cleanup()'), '42501',
+          'owners: and idempotency_cleanup, even for a superuser');
+ALTER TABLE idempotency.idempotency_keys OWNER TO postgres;
+SELECT is((SELECT count(*) FROM idempotency.idempotency_keys), :rows_before_owner_checks::bigint,
+          'owners: the refused calls wrote nothing');
+SELECT is(sectest.value_as('sec_alice', $$SELECT status FROM idempotency.claim_key('owner-1')$$), 'claimed',
+          'owners: owned by the superuser again, claims work');
 
 -------------------------------------------------------------------------------
 -- 9. Nothing changed the roles; the backend is the one that started.
