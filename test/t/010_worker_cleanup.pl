@@ -99,6 +99,27 @@ is($node->safe_psql('alpha',
     q{SELECT count(*) FROM idempotency_stats WHERE datname = 'postgres'}),
   '0', 'a database without the extension gets no cleanup round');
 
+# --- keys that expire within the next minute stay -----------------------------------------
+# A key is expired when expires_at <= now(), and not a moment earlier: keys expiring 1 to
+# 59 seconds from now must outlive every round that runs before their time. Their expiry
+# times are kept aside (a deleted row says nothing), and after two more rounds every key
+# that is still live at the check must be there.
+$node->safe_psql('alpha', q{
+  CREATE TABLE soon AS
+    SELECT 'soon' || g AS key, clock_timestamp() + g * interval '1 second' AS expires_at
+      FROM generate_series(1, 59) g;
+  INSERT INTO idempotency_keys (key, owner, ttl, lease, created_at, expires_at, updated_at)
+    SELECT key, 10, '1 hour', '5 min', now(), expires_at, now() FROM soon});
+my $soon_runs = stat_of('alpha', 'cleanup_runs');
+ok(two_more_rounds('alpha', $soon_runs),
+  'two more rounds ran after keys expiring within the next minute were added');
+my ($still_live, $deleted_live) = split /\|/, $node->safe_psql('alpha', q{
+  SELECT count(*), count(*) FILTER (WHERE NOT EXISTS (SELECT FROM idempotency_keys k WHERE k.key = s.key))
+    FROM soon s WHERE s.expires_at > clock_timestamp()});
+is($deleted_live, '0', "no key was deleted before its expiry ($still_live keys still live checked)");
+# Two rounds of 200 ms take far less than the 30 s that would leave half the minute unchecked.
+cmp_ok($still_live, '>=', 30, 'the check covered keys expiring across the minute');
+
 # --- locked rows stay ---------------------------------------------------------------------
 
 # The row is live when it gets locked (so no round can delete it first) and expires, a
