@@ -5,10 +5,15 @@
 // How a claim stays correct under any concurrency:
 //   1. Read the row with a plain MVCC snapshot. A completed, mismatched or leased row is
 //      answered from there: a replay takes no lock and writes nothing.
-//   2. Otherwise take the per-key transaction lock without waiting (key_lock.hpp). Failing
-//      to get it means a claim of this key is in a transaction that is still open.
-//   3. Holding the lock, insert (no row) or update the row (expired, lease ended, released)
-//      and keep the lock until the transaction ends, so that later claimers see step 2 fail.
+//   2. No row: insert it with the primary key as the arbiter (key_heap::insert: a dirty
+//      probe, then a speculative insertion that never waits). A version inserted by a
+//      transaction still open means a claim in flight: in_progress. No lock-manager entry
+//      is kept per key, so one transaction can claim any number of keys. Where only the
+//      executor can write (Citus, triggers, ...: key_heap.cpp's ExecutorReason), the
+//      per-key transaction lock (key_lock.hpp) is taken first instead, as INSERT .. ON
+//      CONFLICT would wait on an open inserter.
+//   3. A row to take over (expired, lease ended, released) is locked with FOR UPDATE SKIP
+//      LOCKED and updated: a transaction holding it is skipped, never waited for.
 // Waiting (wait > 0) repeats the steps with latch sleeps that back off, so a waiter sees
 // the holder's commit or rollback promptly, answers interrupts, and never spins.
 #include "claim_protocol.hpp"
@@ -411,25 +416,36 @@ ClaimResult claim(Session& store, const ClaimRequest& request) {
         break;
     }
 
-    const key_lock::KeyIdentity identity = name.identity(request.table, request.caller);
-    key_lock::Outcome lock = key_lock::try_lock(identity);
-    if (lock == key_lock::Outcome::kBusy) {
-      // A claim of this key is in a transaction that is still open.
-      if (now >= request.deadline) return in_progress(USECS_PER_SEC);
-      sleep_until_next_poll(backoff_us, request.deadline);
-      continue;
-    }
-
-    // We hold the key lock: no other claim of this key is in flight.
     TimestampTz ttl_expiry = 0;
+    key_lock::Outcome lock = key_lock::Outcome::kAlreadyHeld;  // none taken
+    const key_lock::KeyIdentity identity = name.identity(request.table, request.caller);
     if (verdict == Verdict::kAbsent) {
       key_store::ClaimValues values = claim_values(request, now, &ttl_expiry);
       key_store::RowAddress where{};
-      if (store.insert(name.scope, name.key, values, &where))
+      Session::Insert inserted = store.insert_unlocked(name.scope, name.key, values, &where);
+      if (inserted == Session::Insert::kNeedsLock) {
+        // Only the executor can write this table: its INSERT .. ON CONFLICT would wait on an
+        // open inserter, so the key lock tells an open claim apart first.
+        lock = key_lock::try_lock(identity);
+        if (lock == key_lock::Outcome::kBusy)
+          inserted = Session::Insert::kBusy;
+        else
+          inserted = store.insert(name.scope, name.key, values, &where) ? Session::Insert::kInserted
+                                                                        : Session::Insert::kExists;
+      }
+      if (inserted == Session::Insert::kInserted)
         return claimed_answer(Status::kClaimed, values, ttl_expiry, where, 1, nullptr, now,
                               request.fingerprint);
-      // A claim committed between our read and our lock; decide again from its row.
+      if (inserted == Session::Insert::kBusy) {
+        // A claim of this key is in a transaction that is still open.
+        if (now >= request.deadline) return in_progress(USECS_PER_SEC);
+        sleep_until_next_poll(backoff_us, request.deadline);
+        continue;
+      }
+      // A claim committed between our read and our insert; decide again from its row.
     } else if (std::optional<KeyRow> locked = store.lock(request.caller, name.scope, name.key)) {
+      // An existing row is taken over under its row lock (FOR UPDATE SKIP LOCKED): a
+      // transaction that holds it makes us skip it, never wait, and no per-key lock is needed.
       Verdict current = judge(locked, request.fingerprint, now);
       if (current == Verdict::kExpired) {
         key_store::ClaimValues values = claim_values(request, now, &ttl_expiry);

@@ -263,18 +263,25 @@ uint64 Session::execute_claim(int plan, text* scope, text* key, const ClaimValue
   return execute(plan, values, nulls, false, 0);
 }
 
+Session::Insert Session::insert_unlocked(text* scope, text* key, const ClaimValues& claim,
+                                         RowAddress* where) {
+  *where = kNowhere;
+  if (!key_heap::available()) return Insert::kNeedsLock;
+  switch (key_heap::insert(table_, scope, key, claim, where)) {
+    case key_heap::InsertResult::kInserted:
+      return Insert::kInserted;
+    case key_heap::InsertResult::kExists:
+      return Insert::kExists;
+    case key_heap::InsertResult::kBusy:
+      return Insert::kBusy;
+    case key_heap::InsertResult::kNeedsExecutor:
+      break;
+  }
+  return Insert::kNeedsLock;
+}
+
 bool Session::insert(text* scope, text* key, const ClaimValues& claim, RowAddress* where) {
   *where = kNowhere;
-  if (key_heap::available()) {
-    switch (key_heap::insert(table_, scope, key, claim, where)) {
-      case key_heap::InsertResult::kInserted:
-        return true;
-      case key_heap::InsertResult::kExists:
-        return false;
-      case key_heap::InsertResult::kNeedsExecutor:
-        break;
-    }
-  }
   return execute_claim(kInsert, scope, key, claim) == 1;
 }
 
