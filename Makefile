@@ -21,7 +21,9 @@ OBJS        = src/pg_boundary.o \
               src/claim_protocol.o \
               src/cleanup.o \
               src/cleanup_worker.o
-DATA        = $(EXTENSION)--$(EXTVERSION).sql
+# The released base script and the update scripts: CREATE EXTENSION of the default version
+# runs the base and then each update, so a fresh install and an upgraded one are the same.
+DATA        = $(EXTENSION)--1.0.sql $(wildcard $(EXTENSION)--*--*.sql)
 PGFILEDESC  = "idempotency - idempotency keys inside the application's transaction"
 
 # pg_regress suites for `make installcheck` against an existing server (see README).

@@ -148,6 +148,9 @@ void prepare_plans(Oid table) {
 
 // Runs a prepared statement; returns the number of rows it processed.
 uint64 run(PlanId id, Datum* values, const char* nulls, bool read_only, long limit) {
+  // The previous result was decoded (copied) already: free it, or a batch's results would
+  // pile up in the SPI connection's memory until it closes.
+  if (SPI_tuptable != nullptr) pg_call([] { SPI_freetuptable(SPI_tuptable); });
   int rc =
       pg_call([&] { return SPI_execute_plan(cache.plans[id], values, nulls, read_only, limit); });
   if (rc < 0)

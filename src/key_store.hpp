@@ -20,6 +20,10 @@ class Session {
   Session(Session&&) = delete;
   Session& operator=(Session&&) = delete;
 
+  // Where varlena values of the rows read are copied from now on (a batch empties a
+  // context per element).
+  void use_context(MemoryContext context) { caller_context_ = context; }
+
   // Closes the SPI connection; the destructor leaves an unfinished one to transaction
   // abort, which is the only way it is left unfinished.
   void finish();
