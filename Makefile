@@ -16,6 +16,7 @@ OBJS        = src/pg_boundary.o \
               src/uuid_v7.o \
               src/fingerprint.o \
               src/key_lock.o \
+              src/key_wait.o \
               src/key_heap.o \
               src/key_store.o \
               src/claim_protocol.o \

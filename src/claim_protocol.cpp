@@ -14,13 +14,16 @@
 //      CONFLICT would wait on an open inserter.
 //   3. A row to take over (expired, lease ended, released) is locked with FOR UPDATE SKIP
 //      LOCKED and updated: a transaction holding it is skipped, never waited for.
-// Waiting (wait > 0) repeats the steps with latch sleeps that back off, so a waiter sees
-// the holder's commit or rollback promptly, answers interrupts, and never spins.
+// Waiting (wait > 0) repeats the steps after sleeping until a transaction that wrote the key
+// ends (a condition variable in shared memory, key_wait.hpp; latch sleeps that back off
+// without preloading), so a waiter sees the holder's commit or rollback at once, answers
+// interrupts, and never spins.
 #include "claim_protocol.hpp"
 
 #include "caller.hpp"
 #include "gucs.hpp"
 #include "key_lock.hpp"
+#include "key_wait.hpp"
 #include "key_store.hpp"
 #include "pg_boundary.hpp"
 #include "stats.hpp"
@@ -43,6 +46,10 @@ struct KeyName {
   // The key lock's identity of this name when `owner` claims it in `table`.
   key_lock::KeyIdentity identity(Oid table, Oid owner) const {
     return {table, owner, scope_bytes(), scope_length(), key_bytes(), key_length()};
+  }
+  // The slot of this name's waiters when `owner` claims it (key_wait.hpp).
+  uint32 wait_slot(Oid owner) const {
+    return key_wait::slot_of(owner, scope_bytes(), scope_length(), key_bytes(), key_length());
   }
   const char* scope_bytes() const { return VARDATA_ANY(scope); }
   size_t scope_length() const { return VARSIZE_ANY_EXHDR(scope); }
@@ -442,19 +449,6 @@ struct ClaimRequest {
   Oid table = InvalidOid;
 };
 
-// Sleeps on the latch until the next poll (interruptible; exits on postmaster death).
-void sleep_until_next_poll(int64& backoff_us, TimestampTz deadline) {
-  int64 remaining_us = deadline - GetCurrentTimestamp();
-  int64 sleep_us = std::max<int64>(std::min(backoff_us, remaining_us), 1000);
-  backoff_us = std::min<int64>(backoff_us * 2, 50 * 1000);
-  pg_call([&] {
-    (void)WaitLatch(MyLatch, WL_LATCH_SET | WL_TIMEOUT | WL_EXIT_ON_PM_DEATH, sleep_us / 1000,
-                    PG_WAIT_EXTENSION);
-    ResetLatch(MyLatch);
-    CHECK_FOR_INTERRUPTS();
-  });
-}
-
 key_store::ClaimValues claim_values(const ClaimRequest& request, TimestampTz now,
                                     TimestampTz* ttl_expiry) {
   key_store::ClaimValues values{};
@@ -474,8 +468,9 @@ key_store::ClaimValues claim_values(const ClaimRequest& request, TimestampTz now
 ClaimResult claimed_answer(Status status, const key_store::ClaimValues& values,
                            TimestampTz ttl_expiry, const key_store::RowAddress& where,
                            int32 attempts, text* recovery_point, TimestampTz created_at,
-                           bytea* fingerprint) {
+                           bytea* fingerprint, uint32 wait_slot) {
   remember_own_claim(values.token, ttl_expiry, where);
+  key_wait::touched(wait_slot);
   stats::count(status == Status::kClaimed ? stats::kClaimed : stats::kReclaimed);
   ClaimResult result(status);
   result.token = values.token;
@@ -489,9 +484,11 @@ ClaimResult claimed_answer(Status status, const key_store::ClaimValues& values,
 
 ClaimResult claim(Session& store, const ClaimRequest& request) {
   const KeyName& name = request.name;
-  int64 backoff_us = 1000;
   int retries_without_sleep = 0;
+  // Waiting (wait > 0) sleeps until a transaction that wrote this key ends (key_wait.hpp).
+  key_wait::Waiter waiter(name.wait_slot(request.caller), request.deadline > GetCurrentTimestamp());
   for (bool first_look = true;; first_look = false) {
+    waiter.prepare();  // before looking: a holder that ends after the look wakes us
     TimestampTz now = GetCurrentTimestamp();
     std::optional<KeyRow> row = first_look ? store.peek(request.caller, name.scope, name.key)
                                            : store.find(request.caller, name.scope, name.key);
@@ -505,7 +502,7 @@ ClaimResult claim(Session& store, const ClaimRequest& request) {
         return stored_answer(Status::kReplay, *row);
       case Verdict::kLeased:
         if (now >= request.deadline) return in_progress(*row->locked_until - now);
-        sleep_until_next_poll(backoff_us, request.deadline);
+        waiter.sleep(request.deadline);
         continue;
       default:
         break;
@@ -530,11 +527,11 @@ ClaimResult claim(Session& store, const ClaimRequest& request) {
       }
       if (inserted == Session::Insert::kInserted)
         return claimed_answer(Status::kClaimed, values, ttl_expiry, where, 1, nullptr, now,
-                              request.fingerprint);
+                              request.fingerprint, name.wait_slot(request.caller));
       if (inserted == Session::Insert::kBusy) {
         // A claim of this key is in a transaction that is still open.
         if (now >= request.deadline) return in_progress(USECS_PER_SEC);
-        sleep_until_next_poll(backoff_us, request.deadline);
+        waiter.sleep(request.deadline);
         continue;
       }
       // A claim committed between our read and our insert; decide again from its row.
@@ -546,14 +543,14 @@ ClaimResult claim(Session& store, const ClaimRequest& request) {
         key_store::ClaimValues values = claim_values(request, now, &ttl_expiry);
         store.restart(name.scope, name.key, values);
         return claimed_answer(Status::kClaimed, values, ttl_expiry, key_store::kNowhere, 1, nullptr,
-                              now, request.fingerprint);
+                              now, request.fingerprint, name.wait_slot(request.caller));
       }
       if (current == Verdict::kReclaimable) {
         key_store::ClaimValues values = claim_values(request, now, &ttl_expiry);
         KeyRow renewed = store.reclaim(name.scope, name.key, values);
         return claimed_answer(Status::kReclaimed, values, ttl_expiry, key_store::kNowhere,
                               renewed.attempts, renewed.recovery_point, renewed.created_at,
-                              renewed.fingerprint);
+                              renewed.fingerprint, name.wait_slot(request.caller));
       }
       // The row changed since we read it: decide again.
     }
@@ -562,7 +559,7 @@ ClaimResult claim(Session& store, const ClaimRequest& request) {
     if (lock == key_lock::Outcome::kAcquired) key_lock::unlock(identity);
     if (++retries_without_sleep > 2) {
       if (now >= request.deadline) return in_progress(USECS_PER_SEC);
-      sleep_until_next_poll(backoff_us, request.deadline);
+      waiter.sleep(request.deadline);
     }
   }
 }
@@ -675,6 +672,7 @@ KeyRow complete_one(Session& store, const KeyName& name, const pg_uuid_t& token,
       store.complete(name.scope, name.key, token, caller, outcome, now, *expires_at, where);
   if (row) {
     stats::count(stats::kCompleted);
+    key_wait::touched(name.wait_slot(caller));
     return *row;
   }
   KeyRow stored = explain_fence(store, name, token, caller, now);
@@ -711,6 +709,7 @@ Datum sql_release_key(FunctionCallInfo fcinfo) {
       throw Error(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE,
                   "idempotency key " + name.describe() + " is completed and cannot be released");
     }
+    key_wait::touched(name.wait_slot(caller));
     return true;
   });
   stats::count(stats::kReleased);

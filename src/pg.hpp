@@ -58,6 +58,8 @@ extern "C" {
 #include "postmaster/bgworker.h"
 #include "postmaster/interrupt.h"
 #include "storage/bufmgr.h"
+#include "storage/condition_variable.h"
+#include "port/pg_bitutils.h"
 #include "storage/ipc.h"
 #include "storage/latch.h"
 #include "storage/lmgr.h"
