@@ -66,12 +66,13 @@ SELECT c.ordinality, c.key, c.status::text, c.token, c.response,
  ORDER BY c.ordinality
 """
 
-# The business writes of all claimed messages in one statement each.
+# The business writes of all claimed messages in one statement. Accounts are updated in
+# the order of their ids, so that concurrent consumers lock them in one order (no deadlock).
 APPLY_SQL = """
 WITH m AS (SELECT * FROM unnest(%(ids)s::text[], %(accounts)s::text[], %(amounts)s::bigint[]) AS m(id, account, amount)),
      l AS (INSERT INTO ledger (message_id, account, amount) SELECT id, account, amount FROM m),
      total AS (SELECT account, sum(amount) AS amount FROM m GROUP BY account)
-INSERT INTO accounts (id, balance) SELECT account, amount FROM total
+INSERT INTO accounts (id, balance) SELECT account, amount FROM total ORDER BY account
     ON CONFLICT (id) DO UPDATE SET balance = accounts.balance + EXCLUDED.balance
 RETURNING id, balance
 """
@@ -178,6 +179,10 @@ def main():
                     # The transaction rolled back: no ledger row, no key. Redeliver the batch.
                     crashes.discard(number)
                     log(opts, f"batch {number} crashed ({e}); rolled back, redelivering")
+                except (psycopg.errors.DeadlockDetected, psycopg.errors.SerializationFailure) as e:
+                    # A transient conflict of the business writes: the batch rolled back
+                    # whole (keys included), so it is simply delivered again.
+                    log(opts, f"batch {number} rolled back ({type(e).__name__}); redelivering")
         for _ in range(opts.max_rounds):
             if not deferred:
                 break
