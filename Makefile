@@ -16,13 +16,18 @@ OBJS        = src/pg_boundary.o \
               src/uuid_v7.o \
               src/fingerprint.o \
               src/key_lock.o \
+              src/key_wait.o \
               src/key_heap.o \
               src/key_store.o \
               src/claim_protocol.o \
               src/cleanup.o \
               src/cleanup_worker.o \
               src/citus_guard.o
-DATA        = $(EXTENSION)--$(EXTVERSION).sql
+# The released base script, the update scripts, and the script of the default version,
+# made from them (so a fresh install runs the same statements as an upgraded one; TAP
+# 041_upgrade compares the two installs).
+DATA        = $(EXTENSION)--1.0.sql $(wildcard $(EXTENSION)--*--*.sql)
+DATA_built  = $(EXTENSION)--$(EXTVERSION).sql
 PGFILEDESC  = "idempotency - idempotency keys inside the application's transaction"
 
 # pg_regress suites for `make installcheck` against an existing server (see README).
@@ -49,6 +54,11 @@ override with_llvm := no
 override autodepend := yes
 
 include $(PGXS)
+
+# The default version's script: the base, then each update in order (CREATE EXTENSION drops
+# their "\echo" guard lines).
+$(EXTENSION)--1.1.sql: $(EXTENSION)--1.0.sql $(EXTENSION)--1.0--1.1.sql
+	cat $^ > $@
 
 .PHONY: demo test bench format lint
 demo:

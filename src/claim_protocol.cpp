@@ -5,17 +5,25 @@
 // How a claim stays correct under any concurrency:
 //   1. Read the row with a plain MVCC snapshot. A completed, mismatched or leased row is
 //      answered from there: a replay takes no lock and writes nothing.
-//   2. Otherwise take the per-key transaction lock without waiting (key_lock.hpp). Failing
-//      to get it means a claim of this key is in a transaction that is still open.
-//   3. Holding the lock, insert (no row) or update the row (expired, lease ended, released)
-//      and keep the lock until the transaction ends, so that later claimers see step 2 fail.
-// Waiting (wait > 0) repeats the steps with latch sleeps that back off, so a waiter sees
-// the holder's commit or rollback promptly, answers interrupts, and never spins.
+//   2. No row: insert it with the primary key as the arbiter (key_heap::insert: a dirty
+//      probe, then a speculative insertion that never waits). A version inserted by a
+//      transaction still open means a claim in flight: in_progress. No lock-manager entry
+//      is kept per key, so one transaction can claim any number of keys. Where only the
+//      executor can write (Citus, triggers, ...: key_heap.cpp's ExecutorReason), the
+//      per-key transaction lock (key_lock.hpp) is taken first instead, as INSERT .. ON
+//      CONFLICT would wait on an open inserter.
+//   3. A row to take over (expired, lease ended, released) is locked with FOR UPDATE SKIP
+//      LOCKED and updated: a transaction holding it is skipped, never waited for.
+// Waiting (wait > 0) repeats the steps after sleeping until a transaction that wrote the key
+// ends (a condition variable in shared memory, key_wait.hpp; latch sleeps that back off
+// without preloading), so a waiter sees the holder's commit or rollback at once, answers
+// interrupts, and never spins.
 #include "claim_protocol.hpp"
 
 #include "caller.hpp"
 #include "gucs.hpp"
 #include "key_lock.hpp"
+#include "key_wait.hpp"
 #include "key_store.hpp"
 #include "pg_boundary.hpp"
 #include "stats.hpp"
@@ -39,6 +47,10 @@ struct KeyName {
   key_lock::KeyIdentity identity(Oid table, Oid owner) const {
     return {table, owner, scope_bytes(), scope_length(), key_bytes(), key_length()};
   }
+  // The slot of this name's waiters when `owner` claims it (key_wait.hpp).
+  uint32 wait_slot(Oid owner) const {
+    return key_wait::slot_of(owner, scope_bytes(), scope_length(), key_bytes(), key_length());
+  }
   const char* scope_bytes() const { return VARDATA_ANY(scope); }
   size_t scope_length() const { return VARSIZE_ANY_EXHDR(scope); }
   const char* key_bytes() const { return VARDATA_ANY(key); }
@@ -55,13 +67,17 @@ text* text_argument(FunctionCallInfo fcinfo, int n) {
   return pg_call([&] { return PG_GETARG_TEXT_PP(n); });
 }
 
-KeyName key_arguments(FunctionCallInfo fcinfo, int key_arg, int scope_arg) {
-  if (PG_ARGISNULL(key_arg))
-    throw Error(ERRCODE_NULL_VALUE_NOT_ALLOWED, "idempotency key must not be null");
-  if (PG_ARGISNULL(scope_arg))
-    throw Error(ERRCODE_NULL_VALUE_NOT_ALLOWED, "idempotency scope must not be null", {},
-                "Use '' (the default) for keys without a scope.");
-  KeyName name{text_argument(fcinfo, scope_arg), text_argument(fcinfo, key_arg)};
+[[noreturn]] void reject_null_key() {
+  throw Error(ERRCODE_NULL_VALUE_NOT_ALLOWED, "idempotency key must not be null");
+}
+[[noreturn]] void reject_null_scope() {
+  throw Error(ERRCODE_NULL_VALUE_NOT_ALLOWED, "idempotency scope must not be null", {},
+              "Use '' (the default) for keys without a scope.");
+}
+
+// A key and scope that are not NULL, checked against the limits.
+KeyName checked_name(text* scope, text* key) {
+  KeyName name{scope, key};
   const auto limit = static_cast<size_t>(gucs::max_key_length);
   if (name.key_length() == 0)
     throw Error(ERRCODE_INVALID_PARAMETER_VALUE, "idempotency key must not be empty");
@@ -74,6 +90,12 @@ KeyName key_arguments(FunctionCallInfo fcinfo, int key_arg, int scope_arg) {
                 "The scope has " + std::to_string(name.scope_length()) +
                     " bytes; idempotency.max_key_length is " + std::to_string(limit) + ".");
   return name;
+}
+
+KeyName key_arguments(FunctionCallInfo fcinfo, int key_arg, int scope_arg) {
+  if (PG_ARGISNULL(key_arg)) reject_null_key();
+  if (PG_ARGISNULL(scope_arg)) reject_null_scope();
+  return checked_name(text_argument(fcinfo, scope_arg), text_argument(fcinfo, key_arg));
 }
 
 pg_uuid_t token_argument(FunctionCallInfo fcinfo, int n) {
@@ -136,16 +158,35 @@ Interval bounded_interval_argument(FunctionCallInfo fcinfo, int n, const char* n
 
 // An optional bytea or text argument of at most `limit` bytes (the fingerprint, the recovery
 // point), measured before it is detoasted: an oversized value is refused without being read.
-struct varlena* bounded_varlena_argument(FunctionCallInfo fcinfo, int n, const char* name,
-                                         const char* setting, int limit) {
-  if (PG_ARGISNULL(n)) return nullptr;
-  Datum raw = PG_GETARG_DATUM(n);
+struct varlena* bounded_varlena(Datum raw, const char* name, const char* setting, int limit) {
   size_t size = pg_call([&] { return toast_raw_datum_size(raw); }) - VARHDRSZ;
   if (size > static_cast<size_t>(limit))
     throw Error(ERRCODE_STRING_DATA_RIGHT_TRUNCATION, std::string(name) + " is too long",
                 "The " + std::string(name) + " has " + std::to_string(size) + " bytes; " + setting +
                     " is " + std::to_string(limit) + ".");
   return pg_call([&] { return PG_DETOAST_DATUM_PACKED(raw); });
+}
+
+struct varlena* bounded_varlena_argument(FunctionCallInfo fcinfo, int n, const char* name,
+                                         const char* setting, int limit) {
+  if (PG_ARGISNULL(n)) return nullptr;
+  return bounded_varlena(PG_GETARG_DATUM(n), name, setting, limit);
+}
+
+bytea* fingerprint_value(Datum raw) {
+  return reinterpret_cast<bytea*>(bounded_varlena(
+      raw, "fingerprint", "idempotency.max_fingerprint_size", gucs::max_fingerprint_size));
+}
+
+// A response, refused when over idempotency.max_response_size (measured before detoasting).
+Jsonb* response_value(Datum raw) {
+  size_t size = pg_call([&] { return toast_raw_datum_size(raw); });
+  if (size > static_cast<size_t>(gucs::max_response_size))
+    throw Error(ERRCODE_PROGRAM_LIMIT_EXCEEDED, "response is too large",
+                "The response has " + std::to_string(size) +
+                    " bytes; idempotency.max_response_size is " +
+                    std::to_string(gucs::max_response_size) + ".");
+  return pg_call([&] { return DatumGetJsonbP(raw); });
 }
 
 // ---------------------------------------------------------------------------------------
@@ -162,24 +203,55 @@ struct OwnClaim {
   key_store::RowAddress where;      // the inserted row, or kNowhere
   SubTransactionId subtransaction;  // where the claim was made
 };
-constexpr size_t kOwnClaimsKept = 64;
-std::array<OwnClaim, kOwnClaimsKept> own_claims;
+// The first claims of a transaction live in a small array (the common case: a few per
+// transaction, nothing to allocate or clear); a batch's further claims in a hash map, up to
+// kOwnClaimsKept in all. A claim not remembered is completed by the executor path.
+constexpr size_t kOwnClaimsInArray = 64;
+constexpr size_t kOwnClaimsKept = 100000;
+std::array<OwnClaim, kOwnClaimsInArray> own_claims;
 size_t own_claim_count = 0;
+struct TokenHash {
+  size_t operator()(const std::array<uint8, UUID_LEN>& token) const noexcept {
+    uint64 a = 0;
+    uint64 b = 0;
+    memcpy(&a, token.data(), sizeof a);
+    memcpy(&b, token.data() + sizeof a, sizeof b);
+    return static_cast<size_t>(b * 0x9e3779b97f4a7c15ULL ^ a);  // v7: b is the random half
+  }
+};
+std::unordered_map<std::array<uint8, UUID_LEN>, OwnClaim, TokenHash> more_own_claims;
+
+std::array<uint8, UUID_LEN> token_key(const pg_uuid_t& token) {
+  std::array<uint8, UUID_LEN> key{};
+  memcpy(key.data(), token.data, UUID_LEN);
+  return key;
+}
 
 void remember_own_claim(const pg_uuid_t& token, TimestampTz expires_at,
                         const key_store::RowAddress& where) {
-  if (own_claim_count < kOwnClaimsKept)
-    own_claims[own_claim_count++] = {token, expires_at, where, GetCurrentSubTransactionId()};
+  const OwnClaim claim{token, expires_at, where, GetCurrentSubTransactionId()};
+  if (own_claim_count < kOwnClaimsInArray)
+    own_claims[own_claim_count++] = claim;
+  else if (own_claim_count + more_own_claims.size() < kOwnClaimsKept)
+    more_own_claims.emplace(token_key(token), claim);
 }
 
 const OwnClaim* own_claim(const pg_uuid_t& token) {
   for (size_t i = 0; i < own_claim_count; ++i)
     if (memcmp(own_claims[i].token.data, token.data, UUID_LEN) == 0) return &own_claims[i];
-  return nullptr;
+  if (more_own_claims.empty()) return nullptr;
+  auto found = more_own_claims.find(token_key(token));
+  return found == more_own_claims.end() ? nullptr : &found->second;
 }
 
 void forget_own_claims(XactEvent, void*) {
   own_claim_count = 0;
+  if (more_own_claims.empty()) return;
+  // A large table is given back rather than kept (and cleared, bucket by bucket, later).
+  if (more_own_claims.bucket_count() > 1024)
+    decltype(more_own_claims)().swap(more_own_claims);
+  else
+    more_own_claims.clear();
 }
 
 // A subtransaction rolled back takes its claims with it (and their rows' space may be
@@ -191,6 +263,8 @@ void forget_rolled_back_claims(SubXactEvent event, SubTransactionId rolled_back,
   for (size_t i = 0; i < own_claim_count; ++i)
     if (own_claims[i].subtransaction < rolled_back) own_claims[kept++] = own_claims[i];
   own_claim_count = kept;
+  for (auto it = more_own_claims.begin(); it != more_own_claims.end();)
+    it = it->second.subtransaction < rolled_back ? std::next(it) : more_own_claims.erase(it);
 }
 
 // ---------------------------------------------------------------------------------------
@@ -201,36 +275,54 @@ enum class Status { kClaimed, kReclaimed, kReplay, kMismatch, kInProgress };
 constexpr const char* kStatusLabels[] = {"claimed", "reclaimed", "replay", "mismatch",
                                          "in_progress"};
 
-// The claim_result type and the OIDs of the claim_status labels, looked up once per
-// backend (per call site would repeat catalog lookups on every execution of a prepared
-// statement). Keyed by the result type's OID, which changes if the extension is recreated.
+// The OIDs of the claim_status labels, looked up once per backend (per call site would
+// repeat catalog lookups on every execution of a prepared statement), and the claim_result
+// type whose status column has that type. Keyed by the types' OIDs, which change if the
+// extension is recreated; forgotten when pg_enum changes (forget_result_type).
+struct Labels {
+  Oid status_type = InvalidOid;
+  Oid oids[5] = {};
+};
+Labels labels;
 struct ResultType {
   Oid type = InvalidOid;
-  Oid labels[5] = {};
+  Oid status_type = InvalidOid;
 };
 ResultType result_type;
 
-// Returns the claim_result OID of this call, loading the label OIDs when it changed.
+// The label OIDs of the enum `status_type`, loaded when it changed.
+const Oid* status_labels(Oid status_type) {
+  if (status_type == labels.status_type) return labels.oids;
+  Labels loaded;
+  pg_call([&] {
+    for (int i = 0; i < 5; ++i) {
+      loaded.oids[i] =
+          GetSysCacheOid2(ENUMTYPOIDNAME, Anum_pg_enum_oid, ObjectIdGetDatum(status_type),
+                          CStringGetDatum(kStatusLabels[i]));
+      if (!OidIsValid(loaded.oids[i]))
+        ereport(ERROR, (errcode(ERRCODE_UNDEFINED_OBJECT),
+                        errmsg("claim_status has no label \"%s\"", kStatusLabels[i])));
+    }
+  });
+  loaded.status_type = status_type;
+  labels = loaded;
+  return labels.oids;
+}
+
+// Returns the claim_result OID of this call, loading its status type when it changed.
 Oid claim_result_type(FunctionCallInfo fcinfo) {
   Oid type = pg_call([&] {
     Oid t = get_fn_expr_rettype(fcinfo->flinfo);
     return OidIsValid(t) ? t : get_func_rettype(fcinfo->flinfo->fn_oid);
   });
   if (type == result_type.type) return type;
-  pg_call([&] {
+  Oid status_type = pg_call([&] {
     TupleDesc descriptor = lookup_rowtype_tupdesc(type, -1);
-    Oid status_type = TupleDescAttr(descriptor, 0)->atttypid;
+    Oid t = TupleDescAttr(descriptor, 0)->atttypid;
     ReleaseTupleDesc(descriptor);
-    for (int i = 0; i < 5; ++i) {
-      result_type.labels[i] =
-          GetSysCacheOid2(ENUMTYPOIDNAME, Anum_pg_enum_oid, ObjectIdGetDatum(status_type),
-                          CStringGetDatum(kStatusLabels[i]));
-      if (!OidIsValid(result_type.labels[i]))
-        ereport(ERROR, (errcode(ERRCODE_UNDEFINED_OBJECT),
-                        errmsg("claim_status has no label \"%s\"", kStatusLabels[i])));
-    }
+    return t;
   });
-  result_type.type = type;
+  result_type = {type, status_type};
   return type;
 }
 
@@ -249,20 +341,28 @@ struct ClaimResult {
   std::optional<int64> retry_after_us = std::nullopt;
 };
 
-Datum result_datum(FunctionCallInfo fcinfo, const ClaimResult& result) {
-  Oid type = claim_result_type(fcinfo);
-  Datum values[10];
-  bool nulls[10];
-  for (bool& null : nulls) null = true;
+constexpr int kResultFields = 10;
+
+// Storage that the Datums of one result point to, for as long as they are used.
+struct ResultStorage {
+  pg_uuid_t token{};
+  Interval retry_after{};
+};
+
+// The claim_result fields of `result` into values / nulls (kResultFields of each), with the
+// labels of `status_type`.
+void fill_result(const ClaimResult& result, Oid status_type, Datum* values, bool* nulls,
+                 ResultStorage& storage) {
+  const Oid* label = status_labels(status_type);
+  for (int i = 0; i < kResultFields; ++i) nulls[i] = true;
   auto set = [&](int column, Datum value) {
     values[column] = value;
     nulls[column] = false;
   };
-  set(0, ObjectIdGetDatum(result_type.labels[static_cast<int>(result.status)]));
-  pg_uuid_t token_copy{};
+  set(0, ObjectIdGetDatum(label[static_cast<int>(result.status)]));
   if (result.token) {
-    token_copy = *result.token;
-    set(1, UUIDPGetDatum(&token_copy));
+    storage.token = *result.token;
+    set(1, UUIDPGetDatum(&storage.token));
   }
   if (result.response) set(2, PointerGetDatum(result.response));
   if (result.response_code) set(3, Int32GetDatum(*result.response_code));
@@ -271,11 +371,18 @@ Datum result_datum(FunctionCallInfo fcinfo, const ClaimResult& result) {
   if (result.attempts) set(6, Int32GetDatum(*result.attempts));
   if (result.created_at) set(7, TimestampTzGetDatum(*result.created_at));
   if (result.expires_at) set(8, TimestampTzGetDatum(*result.expires_at));
-  Interval retry_after{};
   if (result.retry_after_us) {
-    retry_after.time = *result.retry_after_us;
-    set(9, IntervalPGetDatum(&retry_after));
+    storage.retry_after.time = *result.retry_after_us;
+    set(9, IntervalPGetDatum(&storage.retry_after));
   }
+}
+
+Datum result_datum(FunctionCallInfo fcinfo, const ClaimResult& result) {
+  Oid type = claim_result_type(fcinfo);
+  Datum values[kResultFields];
+  bool nulls[kResultFields];
+  ResultStorage storage;
+  fill_result(result, result_type.status_type, values, nulls, storage);
   // The type cache's descriptor of a named composite type needs no blessing.
   return pg_call([&] {
     TupleDesc descriptor = lookup_rowtype_tupdesc(type, -1);
@@ -342,19 +449,6 @@ struct ClaimRequest {
   Oid table = InvalidOid;
 };
 
-// Sleeps on the latch until the next poll (interruptible; exits on postmaster death).
-void sleep_until_next_poll(int64& backoff_us, TimestampTz deadline) {
-  int64 remaining_us = deadline - GetCurrentTimestamp();
-  int64 sleep_us = std::max<int64>(std::min(backoff_us, remaining_us), 1000);
-  backoff_us = std::min<int64>(backoff_us * 2, 50 * 1000);
-  pg_call([&] {
-    (void)WaitLatch(MyLatch, WL_LATCH_SET | WL_TIMEOUT | WL_EXIT_ON_PM_DEATH, sleep_us / 1000,
-                    PG_WAIT_EXTENSION);
-    ResetLatch(MyLatch);
-    CHECK_FOR_INTERRUPTS();
-  });
-}
-
 key_store::ClaimValues claim_values(const ClaimRequest& request, TimestampTz now,
                                     TimestampTz* ttl_expiry) {
   key_store::ClaimValues values{};
@@ -374,8 +468,9 @@ key_store::ClaimValues claim_values(const ClaimRequest& request, TimestampTz now
 ClaimResult claimed_answer(Status status, const key_store::ClaimValues& values,
                            TimestampTz ttl_expiry, const key_store::RowAddress& where,
                            int32 attempts, text* recovery_point, TimestampTz created_at,
-                           bytea* fingerprint) {
+                           bytea* fingerprint, uint32 wait_slot) {
   remember_own_claim(values.token, ttl_expiry, where);
+  key_wait::touched(wait_slot);
   stats::count(status == Status::kClaimed ? stats::kClaimed : stats::kReclaimed);
   ClaimResult result(status);
   result.token = values.token;
@@ -389,9 +484,11 @@ ClaimResult claimed_answer(Status status, const key_store::ClaimValues& values,
 
 ClaimResult claim(Session& store, const ClaimRequest& request) {
   const KeyName& name = request.name;
-  int64 backoff_us = 1000;
   int retries_without_sleep = 0;
+  // Waiting (wait > 0) sleeps until a transaction that wrote this key ends (key_wait.hpp).
+  key_wait::Waiter waiter(name.wait_slot(request.caller), request.deadline > GetCurrentTimestamp());
   for (bool first_look = true;; first_look = false) {
+    waiter.prepare();  // before looking: a holder that ends after the look wakes us
     TimestampTz now = GetCurrentTimestamp();
     std::optional<KeyRow> row = first_look ? store.peek(request.caller, name.scope, name.key)
                                            : store.find(request.caller, name.scope, name.key);
@@ -405,44 +502,55 @@ ClaimResult claim(Session& store, const ClaimRequest& request) {
         return stored_answer(Status::kReplay, *row);
       case Verdict::kLeased:
         if (now >= request.deadline) return in_progress(*row->locked_until - now);
-        sleep_until_next_poll(backoff_us, request.deadline);
+        waiter.sleep(request.deadline);
         continue;
       default:
         break;
     }
 
-    const key_lock::KeyIdentity identity = name.identity(request.table, request.caller);
-    key_lock::Outcome lock = key_lock::try_lock(identity);
-    if (lock == key_lock::Outcome::kBusy) {
-      // A claim of this key is in a transaction that is still open.
-      if (now >= request.deadline) return in_progress(USECS_PER_SEC);
-      sleep_until_next_poll(backoff_us, request.deadline);
-      continue;
-    }
-
-    // We hold the key lock: no other claim of this key is in flight.
     TimestampTz ttl_expiry = 0;
+    key_lock::Outcome lock = key_lock::Outcome::kAlreadyHeld;  // none taken
+    const key_lock::KeyIdentity identity = name.identity(request.table, request.caller);
     if (verdict == Verdict::kAbsent) {
       key_store::ClaimValues values = claim_values(request, now, &ttl_expiry);
       key_store::RowAddress where{};
-      if (store.insert(name.scope, name.key, values, &where))
+      Session::Insert inserted = store.insert_unlocked(name.scope, name.key, values, &where);
+      if (inserted == Session::Insert::kNeedsLock) {
+        // Only the executor can write this table: its INSERT .. ON CONFLICT would wait on an
+        // open inserter, so the key lock tells an open claim apart first.
+        lock = key_lock::try_lock(identity);
+        if (lock == key_lock::Outcome::kBusy)
+          inserted = Session::Insert::kBusy;
+        else
+          inserted = store.insert(name.scope, name.key, values, &where) ? Session::Insert::kInserted
+                                                                        : Session::Insert::kExists;
+      }
+      if (inserted == Session::Insert::kInserted)
         return claimed_answer(Status::kClaimed, values, ttl_expiry, where, 1, nullptr, now,
-                              request.fingerprint);
-      // A claim committed between our read and our lock; decide again from its row.
+                              request.fingerprint, name.wait_slot(request.caller));
+      if (inserted == Session::Insert::kBusy) {
+        // A claim of this key is in a transaction that is still open.
+        if (now >= request.deadline) return in_progress(USECS_PER_SEC);
+        waiter.sleep(request.deadline);
+        continue;
+      }
+      // A claim committed between our read and our insert; decide again from its row.
     } else if (std::optional<KeyRow> locked = store.lock(request.caller, name.scope, name.key)) {
+      // An existing row is taken over under its row lock (FOR UPDATE SKIP LOCKED): a
+      // transaction that holds it makes us skip it, never wait, and no per-key lock is needed.
       Verdict current = judge(locked, request.fingerprint, now);
       if (current == Verdict::kExpired) {
         key_store::ClaimValues values = claim_values(request, now, &ttl_expiry);
         store.restart(name.scope, name.key, values);
         return claimed_answer(Status::kClaimed, values, ttl_expiry, key_store::kNowhere, 1, nullptr,
-                              now, request.fingerprint);
+                              now, request.fingerprint, name.wait_slot(request.caller));
       }
       if (current == Verdict::kReclaimable) {
         key_store::ClaimValues values = claim_values(request, now, &ttl_expiry);
         KeyRow renewed = store.reclaim(name.scope, name.key, values);
         return claimed_answer(Status::kReclaimed, values, ttl_expiry, key_store::kNowhere,
                               renewed.attempts, renewed.recovery_point, renewed.created_at,
-                              renewed.fingerprint);
+                              renewed.fingerprint, name.wait_slot(request.caller));
       }
       // The row changed since we read it: decide again.
     }
@@ -451,7 +559,7 @@ ClaimResult claim(Session& store, const ClaimRequest& request) {
     if (lock == key_lock::Outcome::kAcquired) key_lock::unlock(identity);
     if (++retries_without_sleep > 2) {
       if (now >= request.deadline) return in_progress(USECS_PER_SEC);
-      sleep_until_next_poll(backoff_us, request.deadline);
+      waiter.sleep(request.deadline);
     }
   }
 }
@@ -472,8 +580,7 @@ Datum sql_claim_key(FunctionCallInfo fcinfo) {
   const Oid caller = caller::calling_role("claim_key");
   ClaimRequest request(key_arguments(fcinfo, 0, 2));
   TimestampTz now = GetCurrentTimestamp();
-  request.fingerprint = reinterpret_cast<bytea*>(bounded_varlena_argument(
-      fcinfo, 1, "fingerprint", "idempotency.max_fingerprint_size", gucs::max_fingerprint_size));
+  request.fingerprint = PG_ARGISNULL(1) ? nullptr : fingerprint_value(PG_GETARG_DATUM(1));
   request.ttl =
       bounded_interval_argument(fcinfo, 3, "ttl", gucs::default_ttl_seconds, gucs::max_ttl_seconds);
   request.lease = bounded_interval_argument(fcinfo, 4, "lease", gucs::default_lease_seconds,
@@ -543,52 +650,51 @@ bool same_response(const KeyRow& row, Jsonb* response, std::optional<int32> resp
   return pg_call([&] { return compareJsonbContainers(&row.response->root, &response->root) == 0; });
 }
 
+// Completes the claim `token` of `name` (complete_key and complete_keys): the stored row,
+// or the row as it was when this very completion was made before (a no-op success).
+KeyRow complete_one(Session& store, const KeyName& name, const pg_uuid_t& token,
+                    const key_store::Outcome& outcome, Oid caller, TimestampTz now) {
+  // The key expires ttl after completion; in the inbox pattern the claim's own expiry is
+  // kept (same transaction, so the same moment to any other transaction).
+  const OwnClaim* own = own_claim(token);
+  std::optional<TimestampTz> expires_at;
+  key_store::RowAddress where = key_store::kNowhere;
+  if (own != nullptr) {
+    expires_at = own->expires_at;
+    where = own->where;
+  } else {
+    // A fresh snapshot, not the statement's: the claim may have been made earlier in this
+    // very statement (claims of more keys than own_claims keeps), invisible to that snapshot.
+    std::optional<KeyRow> row = store.find(caller, name.scope, name.key);
+    if (!row || row->expires_at <= now) reject_missing(name);
+    expires_at = add_interval(now, row->ttl);
+  }
+  std::optional<KeyRow> row =
+      store.complete(name.scope, name.key, token, caller, outcome, now, *expires_at, where);
+  if (row) {
+    stats::count(stats::kCompleted);
+    key_wait::touched(name.wait_slot(caller));
+    return *row;
+  }
+  KeyRow stored = explain_fence(store, name, token, caller, now);
+  if (!same_response(stored, outcome.response, outcome.response_code))
+    throw Error(
+        ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE,
+        "idempotency key " + name.describe() + " was already completed with another response");
+  return stored;  // the same completion again: a no-op success
+}
+
 Datum sql_complete_key(FunctionCallInfo fcinfo) {
   const Oid caller = caller::calling_role("complete_key");
   KeyName name = key_arguments(fcinfo, 0, 4);
   pg_uuid_t token = token_argument(fcinfo, 1);
   key_store::Outcome outcome{};
-  if (!PG_ARGISNULL(2)) {
-    Datum raw = PG_GETARG_DATUM(2);
-    size_t size = pg_call([&] { return toast_raw_datum_size(raw); });
-    if (size > static_cast<size_t>(gucs::max_response_size))
-      throw Error(ERRCODE_PROGRAM_LIMIT_EXCEEDED, "response is too large",
-                  "The response has " + std::to_string(size) +
-                      " bytes; idempotency.max_response_size is " +
-                      std::to_string(gucs::max_response_size) + ".");
-    outcome.response = pg_call([&] { return PG_GETARG_JSONB_P(2); });
-  }
+  if (!PG_ARGISNULL(2)) outcome.response = response_value(PG_GETARG_DATUM(2));
   if (!PG_ARGISNULL(3)) outcome.response_code = PG_GETARG_INT32(3);
   TimestampTz now = GetCurrentTimestamp();
 
   KeyRow completed = as_owner(fcinfo, [&](Session& store, const caller::Installation&) {
-    // The key expires ttl after completion; in the inbox pattern the claim's own expiry is
-    // kept (same transaction, so the same moment to any other transaction).
-    const OwnClaim* own = own_claim(token);
-    std::optional<TimestampTz> expires_at;
-    key_store::RowAddress where = key_store::kNowhere;
-    if (own != nullptr) {
-      expires_at = own->expires_at;
-      where = own->where;
-    } else {
-      // A fresh snapshot, not the statement's: the claim may have been made earlier in this
-      // very statement (claims of more keys than own_claims keeps), invisible to that snapshot.
-      std::optional<KeyRow> row = store.find(caller, name.scope, name.key);
-      if (!row || row->expires_at <= now) reject_missing(name);
-      expires_at = add_interval(now, row->ttl);
-    }
-    std::optional<KeyRow> row =
-        store.complete(name.scope, name.key, token, caller, outcome, now, *expires_at, where);
-    if (row) {
-      stats::count(stats::kCompleted);
-      return *row;
-    }
-    KeyRow stored = explain_fence(store, name, token, caller, now);
-    if (!same_response(stored, outcome.response, outcome.response_code))
-      throw Error(
-          ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE,
-          "idempotency key " + name.describe() + " was already completed with another response");
-    return stored;  // the same completion again: a no-op success
+    return complete_one(store, name, token, outcome, caller, now);
   });
   return result_datum(fcinfo, stored_answer(Status::kReplay, completed));
 }
@@ -604,6 +710,7 @@ Datum sql_release_key(FunctionCallInfo fcinfo) {
       throw Error(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE,
                   "idempotency key " + name.describe() + " is completed and cannot be released");
     }
+    key_wait::touched(name.wait_slot(caller));
     return true;
   });
   stats::count(stats::kReleased);
@@ -641,9 +748,223 @@ Datum sql_checkpoint_key(FunctionCallInfo fcinfo) {
   PG_RETURN_TIMESTAMPTZ(locked_until);
 }
 
+// ---------------------------------------------------------------------------------------
+// claim_keys, complete_keys: a batch in one call
+//
+// Each element is handled as the single-key function would handle it, in input order, in
+// the caller's transaction, with the same validation, limits and SQLSTATEs; one row comes
+// back per element, in input order, with its 1-based ordinality and its key. A batch never
+// waits: a key held by an open transaction (another's, or an earlier element of this very
+// batch) answers in_progress. So a key repeated in one batch is decided by its first
+// occurrence, and every later occurrence gets what a duplicate gets at that moment:
+// in_progress while the first occurrence's claim is open, replay / mismatch like the first
+// when the key was completed. Any error (a bad element, a fenced completion) fails the
+// whole call, which then changes nothing; its detail names the element.
+// ---------------------------------------------------------------------------------------
+
+// The elements of a one-dimensional array argument (absent: the argument is NULL).
+struct Elements {
+  bool absent = true;
+  Datum* values = nullptr;
+  bool* nulls = nullptr;
+  int count = 0;
+  bool is_null(int i) const { return absent || nulls[i]; }
+};
+
+Elements array_argument(FunctionCallInfo fcinfo, int n, Oid element_type, const char* name,
+                        int expected_count) {
+  Elements elements;
+  if (PG_ARGISNULL(n)) return elements;
+  elements.absent = false;
+  ArrayType* array = pg_call([&] { return PG_GETARG_ARRAYTYPE_P(n); });
+  if (ARR_NDIM(array) > 1)
+    throw Error(ERRCODE_ARRAY_SUBSCRIPT_ERROR,
+                std::string(name) + " must be a one-dimensional array",
+                std::string(name) + " has " + std::to_string(ARR_NDIM(array)) + " dimensions.");
+  if (ARR_ELEMTYPE(array) != element_type)
+    throw Error(ERRCODE_DATATYPE_MISMATCH, std::string(name) + " is an array of another type");
+  pg_call([&] {
+    int16 length = 0;
+    bool by_value = false;
+    char align = 0;
+    get_typlenbyvalalign(element_type, &length, &by_value, &align);
+    deconstruct_array(array, element_type, length, by_value, align, &elements.values,
+                      &elements.nulls, &elements.count);
+  });
+  if (expected_count >= 0 && elements.count != expected_count)
+    throw Error(ERRCODE_ARRAY_SUBSCRIPT_ERROR, std::string(name) + " and keys differ in length",
+                std::string(name) + " has " + std::to_string(elements.count) +
+                    " elements; keys has " + std::to_string(expected_count) + ".",
+                "Pass one element per key, or NULL for none.");
+  return elements;
+}
+
+Elements keys_argument(FunctionCallInfo fcinfo) {
+  if (PG_ARGISNULL(0))
+    throw Error(ERRCODE_NULL_VALUE_NOT_ALLOWED, "keys must not be null", {},
+                "Pass an array of keys; an empty array gives no rows.");
+  return array_argument(fcinfo, 0, TEXTOID, "keys", -1);
+}
+
+// Runs `work` for the element at `ordinality`; an error says which element it was.
+template <typename Work>
+auto for_element(int ordinality, Work&& work) {
+  try {
+    return work();
+  } catch (const Error& e) {
+    const std::string where = "At element " + std::to_string(ordinality) + " of keys.";
+    throw Error(e.sqlstate(), e.what(), e.detail().empty() ? where : e.detail() + " " + where,
+                e.hint());
+  }
+}
+
+// The rows of a batch function, in the tuplestore of materialize mode.
+struct BatchOutput {
+  Tuplestorestate* rows = nullptr;
+  TupleDesc descriptor = nullptr;
+  Oid status_type = InvalidOid;
+};
+
+BatchOutput begin_batch_output(FunctionCallInfo fcinfo) {
+  BatchOutput output;
+  pg_call([&] {
+    InitMaterializedSRF(fcinfo, 0);
+    auto* result_info = reinterpret_cast<ReturnSetInfo*>(fcinfo->resultinfo);
+    output.rows = result_info->setResult;
+    output.descriptor = result_info->setDesc;
+  });
+  if (output.descriptor->natts != 2 + kResultFields ||
+      TupleDescAttr(output.descriptor, 0)->atttypid != INT4OID ||
+      TupleDescAttr(output.descriptor, 1)->atttypid != TEXTOID)
+    throw Error(ERRCODE_DATATYPE_MISMATCH, "the batch function returns columns of unexpected types",
+                {}, "Update the extension: ALTER EXTENSION idempotency UPDATE.");
+  output.status_type = TupleDescAttr(output.descriptor, 2)->atttypid;
+  return output;
+}
+
+void put_batch_row(const BatchOutput& output, int ordinality, Datum key,
+                   const ClaimResult& result) {
+  Datum values[2 + kResultFields];
+  bool nulls[2 + kResultFields];
+  values[0] = Int32GetDatum(ordinality);
+  nulls[0] = false;
+  values[1] = key;
+  nulls[1] = false;
+  ResultStorage storage;
+  fill_result(result, output.status_type, values + 2, nulls + 2, storage);
+  pg_call([&] { tuplestore_putvalues(output.rows, output.descriptor, values, nulls); });
+}
+
+// Runs `work(i)` for each element as the installation's owner, each in a memory context
+// that is emptied after the element, so that a batch of any size runs in bounded memory.
+template <typename Work>
+void for_each_element(FunctionCallInfo fcinfo, int count, Work&& work) {
+  MemoryContext function_context = CurrentMemoryContext;
+  MemoryContext per_element = pg_call([&] {
+    return AllocSetContextCreate(function_context, "idempotency batch element",
+                                 ALLOCSET_DEFAULT_SIZES);
+  });
+  (void)as_owner(fcinfo, [&](Session& store, const caller::Installation& at) {
+    for (int i = 0; i < count; ++i) {
+      MemoryContextSwitchTo(per_element);
+      store.use_context(per_element);
+      for_element(i + 1, [&] { return work(store, at, i); });
+      MemoryContextSwitchTo(function_context);
+      MemoryContextReset(per_element);
+    }
+    return true;
+  });
+  MemoryContextSwitchTo(function_context);
+}
+
+Datum sql_claim_keys(FunctionCallInfo fcinfo) {
+  const Oid caller = caller::calling_role("claim_keys");
+  const Elements keys = keys_argument(fcinfo);
+  const Elements fingerprints = array_argument(fcinfo, 1, BYTEAOID, "fingerprints", keys.count);
+  if (PG_ARGISNULL(2)) reject_null_scope();
+  text* scope = text_argument(fcinfo, 2);
+  const Interval ttl =
+      bounded_interval_argument(fcinfo, 3, "ttl", gucs::default_ttl_seconds, gucs::max_ttl_seconds);
+  const Interval lease = bounded_interval_argument(fcinfo, 4, "lease", gucs::default_lease_seconds,
+                                                   gucs::max_lease_seconds);
+  // Every element is checked before any is claimed.
+  std::vector<ClaimRequest> requests;
+  requests.reserve(static_cast<size_t>(keys.count));
+  for (int i = 0; i < keys.count; ++i) {
+    for_element(i + 1, [&] {
+      if (keys.nulls[i]) reject_null_key();
+      text* key = pg_call([&] { return DatumGetTextPP(keys.values[i]); });
+      ClaimRequest request(checked_name(scope, key));
+      if (!fingerprints.is_null(i)) request.fingerprint = fingerprint_value(fingerprints.values[i]);
+      request.ttl = ttl;
+      request.lease = lease;
+      request.caller = caller;
+      requests.push_back(request);
+      return true;
+    });
+  }
+  BatchOutput output = begin_batch_output(fcinfo);
+  // A batch never waits: its deadline has passed already.
+  const TimestampTz deadline = GetCurrentTimestamp();
+  for_each_element(fcinfo, keys.count, [&](Session& store, const caller::Installation& at, int i) {
+    ClaimRequest& request = requests[static_cast<size_t>(i)];
+    request.table = at.table;
+    request.deadline = deadline;
+    put_batch_row(output, i + 1, keys.values[i], claim(store, request));
+    return true;
+  });
+  return static_cast<Datum>(0);
+}
+
+Datum sql_complete_keys(FunctionCallInfo fcinfo) {
+  const Oid caller = caller::calling_role("complete_keys");
+  const Elements keys = keys_argument(fcinfo);
+  const Elements tokens = array_argument(fcinfo, 1, UUIDOID, "tokens", keys.count);
+  if (tokens.absent)
+    throw Error(ERRCODE_NULL_VALUE_NOT_ALLOWED, "tokens must not be null", {},
+                "Pass the tokens that claim_keys returned, one per key.");
+  const Elements responses = array_argument(fcinfo, 2, JSONBOID, "responses", keys.count);
+  const Elements codes = array_argument(fcinfo, 3, INT4OID, "response_codes", keys.count);
+  if (PG_ARGISNULL(4)) reject_null_scope();
+  text* scope = text_argument(fcinfo, 4);
+  struct Completion {
+    KeyName name;
+    pg_uuid_t token;
+    key_store::Outcome outcome;
+  };
+  std::vector<Completion> completions;
+  completions.reserve(static_cast<size_t>(keys.count));
+  for (int i = 0; i < keys.count; ++i) {
+    for_element(i + 1, [&] {
+      if (keys.nulls[i]) reject_null_key();
+      text* key = pg_call([&] { return DatumGetTextPP(keys.values[i]); });
+      Completion completion{checked_name(scope, key), {}, {}};
+      if (tokens.nulls[i])
+        throw Error(ERRCODE_NULL_VALUE_NOT_ALLOWED, "token must not be null", {},
+                    "Pass the token that claim_keys returned for this key.");
+      completion.token = *DatumGetUUIDP(tokens.values[i]);
+      if (!responses.is_null(i)) completion.outcome.response = response_value(responses.values[i]);
+      if (!codes.is_null(i)) completion.outcome.response_code = DatumGetInt32(codes.values[i]);
+      completions.push_back(completion);
+      return true;
+    });
+  }
+  BatchOutput output = begin_batch_output(fcinfo);
+  const TimestampTz now = GetCurrentTimestamp();
+  for_each_element(fcinfo, keys.count, [&](Session& store, const caller::Installation&, int i) {
+    const Completion& completion = completions[static_cast<size_t>(i)];
+    KeyRow row =
+        complete_one(store, completion.name, completion.token, completion.outcome, caller, now);
+    put_batch_row(output, i + 1, keys.values[i], stored_answer(Status::kReplay, row));
+    return true;
+  });
+  return static_cast<Datum>(0);
+}
+
 // ALTER TYPE ... RENAME VALUE keeps a label's OID under a new name: look the labels up again.
 void forget_result_type(Datum, int, uint32) {
   result_type.type = InvalidOid;
+  labels.status_type = InvalidOid;
 }
 
 }  // namespace
@@ -660,3 +981,5 @@ IDEM_SQL_FUNCTION(claim_key, idem::claim_protocol::sql_claim_key)
 IDEM_SQL_FUNCTION(complete_key, idem::claim_protocol::sql_complete_key)
 IDEM_SQL_FUNCTION(release_key, idem::claim_protocol::sql_release_key)
 IDEM_SQL_FUNCTION(checkpoint_key, idem::claim_protocol::sql_checkpoint_key)
+IDEM_SQL_FUNCTION(claim_keys, idem::claim_protocol::sql_claim_keys)
+IDEM_SQL_FUNCTION(complete_keys, idem::claim_protocol::sql_complete_keys)

@@ -341,10 +341,21 @@ Relation primary_key_of(const Writer& writer) {
 // as the executor would: unique indexes check uniqueness. For an update, `changed` has bit
 // attnum - 1 set for each column that changed: an index over none of them gets the
 // "unchanged" hint that lets B-Tree delete the older versions' entries bottom-up.
-void insert_index_entries(Writer& writer, Datum* values, bool* nulls, ItemPointer tid,
-                          std::optional<uint64> changed) {
+// `indexes` chooses the primary key only, every other index, or all of them; the primary
+// key checks uniqueness with `primary_key_check`. Returns what the primary key's
+// index_insert returned (true when it was not among `indexes`): with UNIQUE_CHECK_PARTIAL,
+// false means another live version of the key may exist, and nothing waited for it.
+enum class Indexes { kAll, kPrimaryKey, kOthers };
+bool insert_index_entries(Writer& writer, Datum* values, bool* nulls, ItemPointer tid,
+                          std::optional<uint64> changed, Indexes indexes = Indexes::kAll,
+                          IndexUniqueCheck primary_key_check = UNIQUE_CHECK_YES) {
+  bool unique = true;
   for (int i = 0; i < writer.index_count; ++i) {
     Relation index = writer.indexes[i];
+    const bool is_primary_key = RelationGetRelid(index) == layout.primary_key;
+    if ((indexes == Indexes::kPrimaryKey && !is_primary_key) ||
+        (indexes == Indexes::kOthers && is_primary_key))
+      continue;
     IndexInfo* info = layout.index_info[i];
     if (!index->rd_index->indisready) continue;  // being built concurrently
     Datum key_values[INDEX_MAX_KEYS];
@@ -357,10 +368,14 @@ void insert_index_entries(Writer& writer, Datum* values, bool* nulls, ItemPointe
       columns |= uint64{1} << (attnum - 1);
     }
     bool unchanged = changed && (columns & *changed) == 0;
-    index_insert(index, key_values, key_nulls, tid, writer.table,
-                 index->rd_index->indisunique ? UNIQUE_CHECK_YES : UNIQUE_CHECK_NO, unchanged,
-                 info);
+    IndexUniqueCheck check = !index->rd_index->indisunique ? UNIQUE_CHECK_NO
+                             : is_primary_key              ? primary_key_check
+                                                           : UNIQUE_CHECK_YES;
+    bool result =
+        index_insert(index, key_values, key_nulls, tid, writer.table, check, unchanged, info);
+    if (is_primary_key && check == UNIQUE_CHECK_PARTIAL) unique = result;
   }
+  return unique;
 }
 
 // The table's current file (its relfilenode).
@@ -440,28 +455,60 @@ std::optional<KeyRow> find(Oid table, Oid owner, text* scope, text* key, MemoryC
   return row;
 }
 
+namespace {
+
+// What a dirty snapshot finds in the primary key for (owner, scope, key).
+enum class Found { kNothing, kRow, kOpenClaim };
+
+// Probes with a dirty snapshot: committed versions and those of transactions still open.
+// A version that another open transaction inserted is a claim in flight (kOpenClaim); any
+// other live version (committed, this transaction's own, or one that an open transaction
+// is deleting or updating) is a row for the caller to decide from again (kRow).
+Found probe_dirty(Writer& writer, Oid owner, text* scope, text* key) {
+  TupleTableSlot* slot = table_slot_create(writer.table, nullptr);
+  SnapshotData dirty;
+  InitDirtySnapshot(dirty);
+  bool exists = probe(writer.table, primary_key_of(writer), &dirty, owner, scope, key, slot);
+  // The inserter of the version found, when its transaction is still open (never ours:
+  // the dirty snapshot leaves xmin unset for this transaction's own versions).
+  const bool open_insert = exists && TransactionIdIsValid(dirty.xmin);
+  bool conflict = exists && !open_insert && serialization_conflict(writer.table, slot);
+  ExecDropSingleTupleTableSlot(slot);
+  // As INSERT .. ON CONFLICT does: a transaction-snapshot transaction cannot decide from a
+  // row committed after its snapshot.
+  if (conflict)
+    ereport(ERROR, (errcode(ERRCODE_T_R_SERIALIZATION_FAILURE),
+                    errmsg("could not serialize access due to concurrent update"),
+                    errdetail("Idempotency key \"%s\" was claimed by a transaction that "
+                              "committed after this transaction's snapshot.",
+                              text_to_cstring(key))));
+  if (open_insert) return Found::kOpenClaim;
+  return exists ? Found::kRow : Found::kNothing;
+}
+
+}  // namespace
+
 InsertResult insert(Oid table, text* scope, text* key, const ClaimValues& claim,
                     key_store::RowAddress* where) {
   Writer writer;
   if (!open_writer(writer, table, ACL_INSERT, "INSERT")) return InsertResult::kNeedsExecutor;
-  bool inserted = pg_call([&] {
+  // No per-key lock: the primary key is the arbiter (docs/design-batch.md, "Claims without
+  // per-key locks"). A version of the key that a dirty snapshot sees answers at once; else
+  // the row is inserted speculatively, as INSERT .. ON CONFLICT does, and the primary key's
+  // entry added with a partial unique check, which never waits. Of concurrent inserters of
+  // one key the first to add its entry wins: every later one finds that entry live, takes
+  // its own tuple back (a super-delete, which makes it dead to everyone at once) and
+  // answers from the winner's version.
+  InsertResult result = pg_call([&] {
     open_indexes(writer);
-    Relation primary_key = primary_key_of(writer);
-    TupleTableSlot* slot = table_slot_create(writer.table, nullptr);
-    SnapshotData dirty;
-    InitDirtySnapshot(dirty);
-    bool exists = probe(writer.table, primary_key, &dirty, claim.owner, scope, key, slot);
-    bool conflict = exists && serialization_conflict(writer.table, slot);
-    ExecDropSingleTupleTableSlot(slot);
-    // As INSERT .. ON CONFLICT does: a transaction-snapshot transaction cannot decide from a
-    // row committed after its snapshot.
-    if (conflict)
-      ereport(ERROR, (errcode(ERRCODE_T_R_SERIALIZATION_FAILURE),
-                      errmsg("could not serialize access due to concurrent update"),
-                      errdetail("Idempotency key \"%s\" was claimed by a transaction that "
-                                "committed after this transaction's snapshot.",
-                                text_to_cstring(key))));
-    if (exists) return false;
+    switch (probe_dirty(writer, claim.owner, scope, key)) {
+      case Found::kOpenClaim:
+        return InsertResult::kBusy;
+      case Found::kRow:
+        return InsertResult::kExists;
+      case Found::kNothing:
+        break;
+    }
 
     Datum values[kMaxAttributes];
     bool nulls[kMaxAttributes];
@@ -484,16 +531,36 @@ InsertResult insert(Oid table, text* scope, text* key, const ClaimValues& claim,
     set(kStatus, ObjectIdGetDatum(layout.processing_label));
     set(kUpdatedAt, TimestampTzGetDatum(claim.now));
     HeapTuple tuple = heap_form_tuple(RelationGetDescr(writer.table), values, nulls);
-    heap_insert(writer.table, tuple, GetCurrentCommandId(true), 0, nullptr);
-    insert_index_entries(writer, values, nulls, &tuple->t_self, std::nullopt);
+    // The speculative-insertion lock is held only between the insert and its confirmation
+    // or super-delete (one lock-manager entry at a time, never one per claim kept): whoever
+    // meets the tuple meanwhile waits on it (SpeculativeInsertionWait), not on this
+    // transaction.
+    const TransactionId xid = GetCurrentTransactionId();
+    const uint32 token = SpeculativeInsertionLockAcquire(xid);
+    HeapTupleHeaderSetSpeculativeToken(tuple->t_data, token);
+    heap_insert(writer.table, tuple, GetCurrentCommandId(true), HEAP_INSERT_SPECULATIVE, nullptr);
+    if (!insert_index_entries(writer, values, nulls, &tuple->t_self, std::nullopt,
+                              Indexes::kPrimaryKey, UNIQUE_CHECK_PARTIAL)) {
+      // Another version of the key got its entry in first: take ours back and answer from
+      // theirs (an open claim: in_progress; else the caller decides again).
+      heap_abort_speculative(writer.table, &tuple->t_self);
+      SpeculativeInsertionLockRelease(xid);
+      heap_freetuple(tuple);
+      return probe_dirty(writer, claim.owner, scope, key) == Found::kOpenClaim
+                 ? InsertResult::kBusy
+                 : InsertResult::kExists;
+    }
+    insert_index_entries(writer, values, nulls, &tuple->t_self, std::nullopt, Indexes::kOthers);
+    heap_finish_speculative(writer.table, &tuple->t_self);
+    SpeculativeInsertionLockRelease(xid);
     *where = {tuple->t_self, file_of(writer.table)};
     heap_freetuple(tuple);
     // Later statements of this call (a completion in the same SQL statement) see the row.
     CommandCounterIncrement();
-    return true;
+    return InsertResult::kInserted;
   });
   pg_call([&] { close_writer(writer); });
-  return inserted ? InsertResult::kInserted : InsertResult::kExists;
+  return result;
 }
 
 std::optional<KeyRow> complete(Oid table, const key_store::RowAddress& where, text* scope,

@@ -7,7 +7,8 @@
 // transaction. The common cases therefore skip it:
 //   - the first look at a key is one primary-key probe with the statement's snapshot;
 //   - a new key is inserted as one heap tuple plus its index entries, after a probe with a
-//     dirty snapshot (committed or in-progress versions) made while holding the key lock;
+//     dirty snapshot (committed or in-progress versions), speculatively: the primary key is
+//     the arbiter, and no per-key lock is taken (docs/design-batch.md);
 //   - the completion of a claim made by the same transaction updates the row it inserted,
 //     found by its TID, in place (a HOT update when the page has room).
 // Everything else (re-claims, the two-phase pattern, release, checkpoint) and every table
@@ -32,11 +33,14 @@ bool available();
 // values are copied into `context`.
 std::optional<KeyRow> find(Oid table, Oid owner, text* scope, text* key, MemoryContext context);
 
-enum class InsertResult { kInserted, kExists, kNeedsExecutor };
+// kBusy: another transaction that is still open inserted (claimed) the key.
+enum class InsertResult { kInserted, kExists, kBusy, kNeedsExecutor };
 
-// Inserts a fresh claim of (claim.owner, scope, key) unless any version of it exists that a dirty
-// snapshot sees (committed, or written by a transaction still open). The caller holds the
-// key lock. `where` receives the new row's address.
+// Inserts a fresh claim of (claim.owner, scope, key) unless a version of it exists that a
+// dirty snapshot sees, without any per-key lock and without ever waiting: the primary key
+// arbitrates (a speculative insertion, taken back when another version won the race).
+// kExists: a committed version (or this transaction's own, or one being deleted); decide
+// again from it. `where` receives the new row's address.
 InsertResult insert(Oid table, text* scope, text* key, const ClaimValues& claim,
                     key_store::RowAddress* where);
 

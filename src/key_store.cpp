@@ -148,6 +148,9 @@ void prepare_plans(Oid table) {
 
 // Runs a prepared statement; returns the number of rows it processed.
 uint64 run(PlanId id, Datum* values, const char* nulls, bool read_only, long limit) {
+  // The previous result was decoded (copied) already: free it, or a batch's results would
+  // pile up in the SPI connection's memory until it closes.
+  if (SPI_tuptable != nullptr) pg_call([] { SPI_freetuptable(SPI_tuptable); });
   int rc =
       pg_call([&] { return SPI_execute_plan(cache.plans[id], values, nulls, read_only, limit); });
   if (rc < 0)
@@ -265,18 +268,25 @@ uint64 Session::execute_claim(int plan, text* scope, text* key, const ClaimValue
   return execute(plan, values, nulls, false, 0);
 }
 
+Session::Insert Session::insert_unlocked(text* scope, text* key, const ClaimValues& claim,
+                                         RowAddress* where) {
+  *where = kNowhere;
+  if (!key_heap::available()) return Insert::kNeedsLock;
+  switch (key_heap::insert(table_, scope, key, claim, where)) {
+    case key_heap::InsertResult::kInserted:
+      return Insert::kInserted;
+    case key_heap::InsertResult::kExists:
+      return Insert::kExists;
+    case key_heap::InsertResult::kBusy:
+      return Insert::kBusy;
+    case key_heap::InsertResult::kNeedsExecutor:
+      break;
+  }
+  return Insert::kNeedsLock;
+}
+
 bool Session::insert(text* scope, text* key, const ClaimValues& claim, RowAddress* where) {
   *where = kNowhere;
-  if (key_heap::available()) {
-    switch (key_heap::insert(table_, scope, key, claim, where)) {
-      case key_heap::InsertResult::kInserted:
-        return true;
-      case key_heap::InsertResult::kExists:
-        return false;
-      case key_heap::InsertResult::kNeedsExecutor:
-        break;
-    }
-  }
   return execute_claim(kInsert, scope, key, claim) == 1;
 }
 

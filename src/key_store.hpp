@@ -22,6 +22,10 @@ class Session {
   Session(Session&&) = delete;
   Session& operator=(Session&&) = delete;
 
+  // Where varlena values of the rows read are copied from now on (a batch empties a
+  // context per element).
+  void use_context(MemoryContext context) { caller_context_ = context; }
+
   // Closes the SPI connection; the destructor leaves an unfinished one to transaction
   // abort, which is the only way it is left unfinished.
   void finish();
@@ -35,8 +39,15 @@ class Session {
   std::optional<KeyRow> find(Oid owner, text* scope, text* key, bool fresh_snapshot = true);
   // Locks the newest version of the row, skipping it if another transaction has it locked.
   std::optional<KeyRow> lock(Oid owner, text* scope, text* key);
-  // Inserts a fresh claim; false when the key exists. `where` receives the new row's
-  // address when it was written directly, else kNowhere.
+  // Inserts a fresh claim without any per-key lock, where the table can be written
+  // directly (key_heap::insert): kInserted, kExists (a version to decide from), kBusy (a
+  // claim of another open transaction). kNeedsLock: only the executor can write here, and
+  // the caller must hold the key lock and call insert() (INSERT .. ON CONFLICT would wait on
+  // an open inserter otherwise). `where` receives the new row's address.
+  enum class Insert { kInserted, kExists, kBusy, kNeedsLock };
+  Insert insert_unlocked(text* scope, text* key, const ClaimValues& claim, RowAddress* where);
+  // Inserts a fresh claim through the executor; false when the key exists. The caller holds
+  // the key lock. `where` receives kNowhere.
   bool insert(text* scope, text* key, const ClaimValues& claim, RowAddress* where);
   // Replaces an expired row by a fresh claim (attempts 1, no recovery point).
   void restart(text* scope, text* key, const ClaimValues& claim);

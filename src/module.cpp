@@ -5,6 +5,7 @@
 #include "gucs.hpp"
 #include "key_heap.hpp"
 #include "key_store.hpp"
+#include "key_wait.hpp"
 #include "pg_boundary.hpp"
 #include "stats.hpp"
 
@@ -18,9 +19,11 @@ void _PG_init(void) {
   idem::key_heap::on_load();
   idem::key_store::on_load();
   idem::citus_guard::install_if_citus();
+  idem::key_wait::on_load();
   // Shared memory and the background worker exist only when the postmaster loads us.
   if (process_shared_preload_libraries_in_progress) {
     idem::stats::install_shared_memory_hooks();
+    idem::key_wait::install_shared_memory_hooks();
     idem::cleanup_worker::register_launcher();
   }
 }

@@ -120,8 +120,11 @@ idem_installed_is_current() {
   local pkglib share
   pkglib="$("$IDEM_PG_CONFIG" --pkglibdir)" && share="$("$IDEM_PG_CONFIG" --sharedir)" || return 1
   cmp -s "$IDEM_ROOT/idempotency.so" "$pkglib/idempotency.so" &&
-    cmp -s "$IDEM_ROOT/idempotency.control" "$share/extension/idempotency.control" &&
-    cmp -s "$IDEM_ROOT/idempotency--1.0.sql" "$share/extension/idempotency--1.0.sql"
+    cmp -s "$IDEM_ROOT/idempotency.control" "$share/extension/idempotency.control" || return 1
+  local script
+  for script in "$IDEM_ROOT"/idempotency--*.sql; do # the base and every update script
+    cmp -s "$script" "$share/extension/$(basename "$script")" || return 1
+  done
 }
 
 build_and_install() {

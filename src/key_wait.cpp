@@ -1,0 +1,133 @@
+// Waiting for a key's holder without polling (see key_wait.hpp).
+#include "key_wait.hpp"
+
+#include "pg_boundary.hpp"
+
+namespace idem::key_wait {
+namespace {
+
+constexpr uint32 kSlots = 1024;
+// The longest a waiter sleeps without a wake-up before it looks again (the safety net).
+constexpr long kSafetyNetMs = 200;
+
+struct SharedSlots {
+  ConditionVariable variables[kSlots];
+};
+SharedSlots* shared = nullptr;
+shmem_request_hook_type previous_request_hook = nullptr;
+shmem_startup_hook_type previous_startup_hook = nullptr;
+
+// The slots this transaction wrote keys of.
+uint64 touched_slots[kSlots / 64];
+bool any_touched = false;
+
+void request_memory() {
+  if (previous_request_hook) previous_request_hook();
+  RequestAddinShmemSpace(MAXALIGN(sizeof(SharedSlots)));
+}
+
+void attach_memory() {
+  if (previous_startup_hook) previous_startup_hook();
+  LWLockAcquire(AddinShmemInitLock, LW_EXCLUSIVE);
+  bool found = false;
+  auto* slots = static_cast<SharedSlots*>(
+      ShmemInitStruct("idempotency key waits", sizeof(SharedSlots), &found));
+  if (!found)
+    for (ConditionVariable& variable : slots->variables) ConditionVariableInit(&variable);
+  LWLockRelease(AddinShmemInitLock);
+  shared = slots;
+}
+
+void forget_touched() {
+  memset(touched_slots, 0, sizeof touched_slots);
+  any_touched = false;
+}
+
+// At the end of a transaction, once it is visible as ended to every other one (the
+// callbacks run after ProcArrayEndTransaction): wake the waiters of every slot it wrote.
+void wake_waiters(XactEvent event, void*) {
+  if (!any_touched) return;
+  switch (event) {
+    case XACT_EVENT_COMMIT:
+    case XACT_EVENT_ABORT:
+    case XACT_EVENT_PARALLEL_COMMIT:
+    case XACT_EVENT_PARALLEL_ABORT:
+      break;
+    case XACT_EVENT_PREPARE:
+      forget_touched();  // it ends elsewhere: its waiters fall back on the safety net
+      return;
+    default:
+      return;
+  }
+  if (shared != nullptr)
+    for (uint32 word = 0; word < kSlots / 64; ++word)
+      for (uint64 bits = touched_slots[word]; bits != 0; bits &= bits - 1)
+        ConditionVariableBroadcast(&shared->variables[word * 64 + pg_rightmost_one_pos64(bits)]);
+  forget_touched();
+}
+
+}  // namespace
+
+void install_shared_memory_hooks() {
+  previous_request_hook = shmem_request_hook;
+  shmem_request_hook = request_memory;
+  previous_startup_hook = shmem_startup_hook;
+  shmem_startup_hook = attach_memory;
+}
+
+void on_load() {
+  RegisterXactCallback(wake_waiters, nullptr);
+}
+
+uint32 slot_of(Oid owner, const char* scope, size_t scope_length, const char* key,
+               size_t key_length) {
+  uint32 hash =
+      hash_bytes(reinterpret_cast<const unsigned char*>(key), static_cast<int>(key_length));
+  hash = hash_combine(hash, hash_bytes(reinterpret_cast<const unsigned char*>(scope),
+                                       static_cast<int>(scope_length)));
+  hash = hash_combine(hash, hash_bytes_uint32(owner));
+  return hash % kSlots;
+}
+
+void touched(uint32 slot) {
+  if (shared == nullptr) return;
+  touched_slots[slot / 64] |= uint64{1} << (slot % 64);
+  any_touched = true;
+}
+
+Waiter::Waiter(uint32 slot, bool waits) {
+  if (waits && shared != nullptr) variable_ = &shared->variables[slot];
+}
+
+Waiter::~Waiter() {
+  if (prepared_) ConditionVariableCancelSleep();
+}
+
+void Waiter::prepare() {
+  // Once: preparing again would take us off the list and put us back, losing a wake-up
+  // that came in between. ConditionVariableTimedSleep keeps us on the list between sleeps.
+  if (variable_ == nullptr || prepared_) return;
+  ConditionVariablePrepareToSleep(variable_);
+  prepared_ = true;
+}
+
+void Waiter::sleep(TimestampTz deadline) {
+  const int64 remaining_us = deadline - GetCurrentTimestamp();
+  if (variable_ != nullptr && prepared_) {
+    const long timeout_ms =
+        std::max<long>(1, std::min<long>((remaining_us + 999) / 1000, kSafetyNetMs));
+    pg_call([&] { (void)ConditionVariableTimedSleep(variable_, timeout_ms, PG_WAIT_EXTENSION); });
+    return;
+  }
+  // Without shared memory: poll, backing off from 1 ms to 50 ms.
+  const int64 sleep_us = std::max<int64>(std::min(backoff_us_, remaining_us), 1000);
+  backoff_us_ = std::min<int64>(backoff_us_ * 2, 50 * 1000);
+  pg_call([&] {
+    (void)WaitLatch(MyLatch, WL_LATCH_SET | WL_TIMEOUT | WL_EXIT_ON_PM_DEATH, sleep_us / 1000,
+                    PG_WAIT_EXTENSION);
+    ResetLatch(MyLatch);
+    CHECK_FOR_INTERRUPTS();
+  });
+}
+
+}  // namespace idem::key_wait

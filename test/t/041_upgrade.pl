@@ -1,0 +1,145 @@
+# ALTER EXTENSION idempotency UPDATE from 1.0 (the released base) to 1.1 (issue #15): an
+# upgraded install equals a fresh one, in the catalog (every object of the extension, its
+# definition, comment and grants; the table's columns and indexes; the configuration dump)
+# and in behaviour, and keeps every key (completed, processing, of several roles), whose
+# open claims can still be completed with their tokens.
+use strict;
+use warnings;
+use PostgreSQL::Test::Cluster;
+use PostgreSQL::Test::Utils;
+use Test::More;
+
+my $node = PostgreSQL::Test::Cluster->new('upgrade');
+$node->init;
+$node->start;
+
+$node->safe_psql('postgres', q{
+  CREATE ROLE app1 LOGIN;
+  CREATE ROLE app2 LOGIN;
+  CREATE DATABASE fresh;
+  CREATE DATABASE upgraded;
+});
+$node->safe_psql('fresh', 'CREATE EXTENSION idempotency');
+$node->safe_psql('upgraded', q{CREATE EXTENSION idempotency VERSION '1.0'});
+is($node->safe_psql('upgraded', q{SELECT extversion FROM pg_extension WHERE extname = 'idempotency'}), '1.0',
+  'the old version is installed');
+is($node->safe_psql('upgraded', q{SELECT count(*) FROM pg_proc WHERE proname = 'claim_keys'}), '0',
+  '1.0 has no batch functions');
+
+# Keys made with 1.0: completed, processing (two-phase: claimed, committed), released,
+# with fingerprints and scopes, of two roles.
+for my $db ('fresh', 'upgraded') {
+  $node->safe_psql($db, 'GRANT USAGE ON SCHEMA idempotency TO app1, app2');
+}
+my $make_keys = q{
+  SET search_path = idempotency;
+  SELECT count(complete_key('done-' || g, (claim_key('done-' || g, request_fingerprint(g::text), 's')).token,
+                            jsonb_build_object('n', g), 200, 's'))
+    FROM generate_series(1, 200) g;
+  CREATE TEMP TABLE held AS SELECT 'held-' || g AS key, (claim_key('held-' || g)).token FROM generate_series(1, 50) g;
+  SELECT count(release_key(key, token)) FROM held WHERE key LIKE 'held-1%';
+};
+$node->safe_psql('upgraded', $make_keys, extra_params => [ '-U', 'app1' ]);
+$node->safe_psql('upgraded', $make_keys, extra_params => [ '-U', 'app2' ]);
+# The tokens of open claims, to complete them after the upgrade.
+my $tokens = $node->safe_psql('upgraded', q{
+  SELECT string_agg(key || '=' || lease_token, ',' ORDER BY key) FROM idempotency.idempotency_keys
+   WHERE owner = 'app1'::regrole AND key IN ('held-2', 'held-3') });
+my $rows_query = q{
+  SELECT md5(string_agg(row(owner::text, scope, key, fingerprint, status, response, response_code, recovery_point,
+                            lease_token, locked_until, attempts, ttl, lease, created_at, expires_at, updated_at)::text,
+                        ',' ORDER BY owner::text, scope, key)) || ' ' || count(*)
+    FROM idempotency.idempotency_keys};
+my $rows_before = $node->safe_psql('upgraded', $rows_query);
+
+$node->safe_psql('upgraded', 'ALTER EXTENSION idempotency UPDATE');
+is($node->safe_psql('upgraded', q{SELECT extversion FROM pg_extension WHERE extname = 'idempotency'}), '1.1',
+  'ALTER EXTENSION UPDATE goes to 1.1');
+is($node->safe_psql('fresh', q{SELECT extversion FROM pg_extension WHERE extname = 'idempotency'}), '1.1',
+  'a fresh install is 1.1');
+
+# The catalog of the extension, one line per fact, without OIDs.
+my %catalog = (
+  'objects and comments' => q{
+    SELECT pg_describe_object(classid, objid, objsubid) || ' | ' || coalesce(obj_description(objid, classid::regclass::name), '-')
+      FROM pg_depend WHERE refclassid = 'pg_extension'::regclass
+       AND refobjid = (SELECT oid FROM pg_extension WHERE extname = 'idempotency') AND deptype = 'e'
+     ORDER BY 1},
+  'functions' => q{
+    SELECT pg_get_functiondef(p.oid) || ' | ' || coalesce(p.proacl::text, 'default') || ' | ' ||
+           coalesce(obj_description(p.oid, 'pg_proc'), '-')
+      FROM pg_proc p WHERE p.pronamespace = 'idempotency'::regnamespace ORDER BY p.oid::regprocedure::text},
+  'types' => q{
+    SELECT t.typname || ' ' || t.typtype::text || ' ' || coalesce(
+             (SELECT string_agg(enumlabel, ',' ORDER BY enumsortorder) FROM pg_enum WHERE enumtypid = t.oid),
+             (SELECT string_agg(attname || ':' || format_type(atttypid, atttypmod), ',' ORDER BY attnum)
+                FROM pg_attribute WHERE attrelid = t.typrelid AND attnum > 0), '')
+      FROM pg_type t WHERE t.typnamespace = 'idempotency'::regnamespace ORDER BY 1},
+  'columns' => q{
+    SELECT c.relname || '.' || a.attname || ' ' || format_type(a.atttypid, a.atttypmod) || ' ' || a.attnotnull || ' ' ||
+           coalesce(pg_get_expr(d.adbin, d.adrelid), '-') || ' ' || coalesce(co.collname, '-') || ' ' ||
+           coalesce(col_description(c.oid, a.attnum), '-')
+      FROM pg_class c JOIN pg_attribute a ON a.attrelid = c.oid AND a.attnum > 0 AND NOT a.attisdropped
+      LEFT JOIN pg_attrdef d ON d.adrelid = c.oid AND d.adnum = a.attnum
+      LEFT JOIN pg_collation co ON co.oid = a.attcollation AND a.attcollation <> 0
+     WHERE c.relnamespace = 'idempotency'::regnamespace ORDER BY 1},
+  'relations, grants and options' => q{
+    SELECT c.relname || ' ' || c.relkind::text || ' ' || coalesce(c.relacl::text, 'default') || ' ' ||
+           coalesce(c.reloptions::text, '-') || ' ' || c.relrowsecurity
+      FROM pg_class c WHERE c.relnamespace = 'idempotency'::regnamespace ORDER BY 1},
+  'indexes and constraints' => q{
+    SELECT pg_get_indexdef(indexrelid) FROM pg_index i JOIN pg_class c ON c.oid = i.indrelid
+     WHERE c.relnamespace = 'idempotency'::regnamespace
+    UNION ALL
+    SELECT conname || ' ' || pg_get_constraintdef(oid) FROM pg_constraint
+     WHERE connamespace = 'idempotency'::regnamespace ORDER BY 1},
+  'schema and extension' => q{
+    SELECT n.nspname || ' ' || n.nspacl::text || ' | ' || e.extrelocatable || ' ' ||
+           (SELECT string_agg(x::regclass::text, ',') FROM unnest(e.extconfig) x) || ' ' || coalesce(e.extcondition::text, '-')
+      FROM pg_namespace n, pg_extension e WHERE n.nspname = 'idempotency' AND e.extname = 'idempotency'},
+);
+for my $what (sort keys %catalog) {
+  my $fresh = $node->safe_psql('fresh', $catalog{$what});
+  my $upgraded = $node->safe_psql('upgraded', $catalog{$what});
+  cmp_ok(length($fresh), '>', 0, "$what: the query sees the extension");
+  is($upgraded, $fresh, "$what: upgraded equals fresh");
+}
+
+is($node->safe_psql('upgraded', $rows_query), $rows_before, 'every key is kept, unchanged (rows and count)');
+like($rows_before, qr/ 500$/, 'of 500 keys made with 1.0');
+
+# Behaviour after the upgrade: the old keys answer as before, the new functions work on
+# them, and the open claims of 1.0 can be completed with their tokens.
+my $behaviour = q{
+  SET search_path = idempotency;
+  SELECT string_agg(key || ':' || status, ',' ORDER BY ordinality)
+    FROM claim_keys(ARRAY['done-1', 'done-2', 'held-2', 'held-10', 'new-1', 'new-1'],
+                    ARRAY[request_fingerprint('1'), request_fingerprint('x'), NULL, NULL, NULL, NULL], 's');
+};
+my $old_keys = q{
+  SET search_path = idempotency;
+  SELECT string_agg(key || ':' || status, ',' ORDER BY ordinality)
+    FROM claim_keys(ARRAY['held-2', 'held-10', 'held-11', 'new-2']);
+};
+my %answer;
+for my $db ('fresh', 'upgraded') {
+  $node->safe_psql($db, $make_keys, extra_params => [ '-U', 'app1' ]) if $db eq 'fresh';
+  $answer{$db} = $node->safe_psql($db, $behaviour, extra_params => [ '-U', 'app1' ])
+    . ' ' . $node->safe_psql($db, $old_keys, extra_params => [ '-U', 'app1' ]);
+}
+# In scope 's': done-1 replays, done-2 mismatches (another fingerprint), held-* were made in
+# scope '' (so these are new keys), new-1 repeated: first claimed, then in_progress. In
+# scope '': held-2 is still held (live lease), held-1x were released (reclaimed).
+is($answer{upgraded}, 'done-1:replay,done-2:mismatch,held-2:claimed,held-10:claimed,new-1:claimed,new-1:in_progress'
+  . ' held-2:in_progress,held-10:reclaimed,held-11:reclaimed,new-2:claimed',
+  'claim_keys on keys made with 1.0: replay, mismatch, in_progress, reclaimed, claimed');
+is($answer{upgraded}, $answer{fresh}, 'the same answers on a fresh install with the same keys');
+my ($key, $token) = split /=/, (split /,/, $tokens)[0];
+is($node->safe_psql('upgraded', qq{
+    SELECT string_agg(key || ':' || status || ':' || response::text, ',')
+      FROM idempotency.complete_keys(ARRAY['$key'], ARRAY['$token'::uuid], ARRAY['{"after": "upgrade"}'::jsonb])},
+    extra_params => [ '-U', 'app1' ]),
+  qq{$key:replay:{"after": "upgrade"}}, 'a claim made with 1.0 is completed after the upgrade with its token');
+
+$node->stop;
+done_testing();
