@@ -9,8 +9,10 @@
 # It installs each mutant into the server's extension directory, like `make test` does, so
 # run nothing else against that installation meanwhile (PG_CONFIG=... picks another one, say
 # a copy of a server built by test/build-postgres.sh); the unmutated build is installed
-# again at the end. Prints one line per mutant and a closing "N passed, N failed" (a killed
-# mutant passes).
+# again at the end. Prints one line per mutant (killed, survived, NOT APPLIED when the
+# expression matched nothing, BROKEN when the mutant did not build) with what went red, and
+# a closing "N passed, N failed" (a killed mutant passes). The logs stay in
+# .test-run/mutants/.
 set -uo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 root="$(cd "$here/../.." && pwd)"
@@ -20,10 +22,50 @@ ensure_packages
 build_and_install
 scratch="$(mktemp -d /tmp/idempotency-mutants.XXXXXX)"
 chmod 755 "$scratch"
-trap 'make -s -C "$root" install PG_CONFIG="$IDEM_PG_CONFIG" >/dev/null 2>&1; rm -rf "$scratch"' EXIT
+# The logs of the last run, one per mutant.
+logs="$root/.test-run/mutants"
+rm -rf "$logs"
+mkdir -p "$logs"
+# Reinstalls the unmutated build the way build_and_install does (under its lock, rebuilt
+# first if another run in this tree built it for another installation meanwhile).
+reinstall() { (unset IDEM_BUILT && build_and_install) >/dev/null 2>&1; }
+trap 'reinstall; rm -rf "$scratch"' EXIT
 
 declare -A wanted=()
 for name in "$@"; do wanted["$name"]=1; done
+
+# killed_by LOG: what went red in a run of test/run.sh, suite by suite: the regress tests
+# and isolation specs that failed, the pgTAP runs (file, or file.path) with a failed
+# assertion or a difference between paths, the TAP files, the extra suites.
+killed_by() {
+  awk '
+    function add(suite, what) {
+      if (!(suite in names)) order[++n] = suite
+      if (index(" " names[suite] " ", " " what " ") == 0) names[suite] = names[suite] (names[suite] == "" ? "" : " ") what
+    }
+    /^== (regress|isolation|pgtap|tap):/ { suite = $2; sub(/:$/, "", suite); next }
+    /^== suite / { suite = "suite:" $3; next }
+    /^== summary/ { suite = "summary"; next }
+    suite == "regress" || suite == "isolation" {
+      line = $0; sub(/^ +/, "", line)
+      if (line ~ /^not ok [0-9]+ +[-+] /) { sub(/^not ok [0-9]+ +[-+] +/, "", line); sub(/ .*/, "", line); add(suite, line) }
+      else if (line ~ /^(test )?[^ ]+ +\.\.\. +FAILED/) { sub(/^test +/, "", line); sub(/ .*/, "", line); add(suite, line) }
+    }
+    suite == "pgtap" {
+      if ($0 ~ /^  -- [^ ]+$/) run = $2
+      else if ($0 ~ /^    not ok [0-9]+/ && $0 !~ /# TODO/) add(suite, run)
+      else if ($0 ~ /^    [^ ]+: (results differ|the [^ ]+ path was not taken|[0-9]+ assertion)/) add(suite, run)
+    }
+    suite == "tap" {
+      if (match($0, /[^ \/]+\.pl \.\./)) file = substr($0, RSTART, RLENGTH - 6)
+      else if ($0 ~ /^    not ok [0-9]+/ || $0 ~ /Dubious/) add(suite, file)
+    }
+    suite == "summary" && $1 ~ /^[a-z]/ && $0 ~ /passed, +[1-9][0-9]* failed/ && !($1 in names) { add($1, "") }
+    END {
+      for (i = 1; i <= n; i++) printf "%s%s%s", (i > 1 ? "; " : ""), order[i], (names[order[i]] == "" ? "" : ": " names[order[i]])
+      if (n == 0) printf "(nothing red: the runner itself failed, see the log)"
+    }' "$1"
+}
 
 killed=0 survived=0
 rows=()
@@ -37,26 +79,34 @@ while IFS='|' read -r name file expression suites why; do
   cp "$copy/$file" "$copy/$file.orig"
   perl -0pi -e "$expression" "$copy/$file"
   if cmp -s "$copy/$file" "$copy/$file.orig"; then
-    rows+=("$(printf '%-28s %-9s %s' "$name" "NOT APPLIED" "the expression matched nothing in $file")")
+    rows+=("$(printf '%-30s %-8s        %s' "$name" "NOT APPLIED" "the expression matched nothing in $file")")
     survived=$((survived + 1))
+    rm -rf "$copy"
     continue
   fi
   read -ra suite_list <<<"${suites:-regress isolation pgtap}"
   start=$SECONDS
+  log="$logs/$name.log"
   # The copy's own runner builds and installs the mutant, then runs the suites.
   if (cd "$copy" && unset IDEM_BUILT IDEM_SCRATCH IDEM_SRC && bash test/run.sh "${suite_list[@]}") \
-    >"$scratch/$name.log" 2>&1; then
+    >"$log" 2>&1; then
     verdict=survived
+    survived=$((survived + 1))
+  elif ! grep -q '^== summary' "$log"; then
+    # It did not build (say -Werror on a variable the mutant left unused) or the runner
+    # stopped before the suites: not a kill; make the mutant compile.
+    verdict=BROKEN
     survived=$((survived + 1))
   else
     verdict=killed
     killed=$((killed + 1))
   fi
-  rows+=("$(printf '%-28s %-9s %4ds  %s' "$name" "$verdict" $((SECONDS - start)) "$why")")
-  [[ $verdict == survived ]] && cp "$scratch/$name.log" "/tmp/idempotency-mutant-$name.log"
+  rows+=("$(printf '%-30s %-8s %4ds  %s' "$name" "$verdict" $((SECONDS - start)) "$why")")
+  [[ $verdict == killed ]] && rows+=("$(printf '%-30s by %s' '' "$(killed_by "$log")")")
   rm -rf "$copy"
 done <"$here/mutants.txt"
 
 printf '%s\n' "${rows[@]}"
+echo "(logs: $logs)"
 echo "$killed passed, $survived failed"
 ((survived == 0))
