@@ -67,11 +67,15 @@ consume() { # N EXTRA...: consumer N on its deliveries
 pids=()
 for n in 1 2 3 4; do
   extra=()
-  ((n % 2 == 1)) && extra=(--crash-batch 3)
+  # c1, c3 roll batch 3 back once; c2, c4 are slow (so that they are killed mid-run).
+  if ((n % 2 == 1)); then extra=(--crash-batch 3); else extra=(--batch-delay 0.05); fi
   consume "$n" "${extra[@]}" >"$DIR/c$n.log" 2>&1 &
   pids+=($!)
 done
-sleep 1
+# Kill c2 and c4 once each has committed a few batches.
+for log in "$DIR/c2.log" "$DIR/c4.log"; do
+  for _ in $(seq 100); do (($(grep -c "batch of" "$log" 2>/dev/null || true) >= 3)) && break; sleep 0.05; done
+done
 kill -9 "${pids[1]}" "${pids[3]}" 2>/dev/null
 for pid in "${pids[@]}"; do wait "$pid" 2>/dev/null; done
 check "the rolled-back batches were redelivered (c1, c3)" grep -q "crashed" "$DIR/c1.log"
