@@ -113,6 +113,8 @@ def handle_batch(conn, batch, opts, crash):
                     "amounts": [m["amount"] for m, _ in claimed],
                 })
                 balances = dict(cur.fetchall())
+                if opts.batch_delay:
+                    time.sleep(opts.batch_delay)  # a slow handler: other consumers see in_progress
                 if crash:
                     raise SimulatedCrash("crash after the business writes, before COMMIT")
                 cur.execute(COMPLETE_SQL, {
@@ -156,6 +158,7 @@ def main():
     p.add_argument("--batch-size", type=int, default=100)
     p.add_argument("--crash-batch", type=int, action="append", default=[], metavar="N",
                    help="simulate a crash in batch N (1-based) after its writes, once")
+    p.add_argument("--batch-delay", type=float, default=0, help="sleep inside each batch's transaction (s)")
     p.add_argument("--max-rounds", type=int, default=10, help="redeliveries of deferred messages")
     p.add_argument("--retry-sleep", type=float, default=0.5)
     p.add_argument("files", nargs="*")

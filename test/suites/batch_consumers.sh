@@ -4,8 +4,10 @@
 # (one transaction per batch of 40: claim_keys, one INSERT for the claimed messages,
 # complete_keys, COMMIT). Two consumers roll a batch back once (a simulated crash after the
 # writes) and two are killed with SIGKILL mid-run; the broker then redelivers their
-# messages. Checks: every message applied exactly once, the balances, and that a last
-# delivery of everything only replays. Ends with "N passed, N failed".
+# messages. Then 1,000 more messages, the same way, while the server crashes (immediate
+# stop) mid-run and restarts; the broker redelivers them. Checks: every message applied
+# exactly once, the balances, and that a last delivery of everything only replays.
+# Ends with "N passed, N failed".
 set -uo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/../lib.sh"
 
@@ -40,38 +42,43 @@ ADMIN="host=$PGHOST port=$PGPORT dbname=postgres user=postgres"
 import json, random, sys
 rng = random.Random(20261201)
 d = sys.argv[1]
-msgs = [{"id": f"pay-{i}", "account": f"acct-{i % 7}", "amount": rng.randint(1, 1000)} for i in range(1, 1501)]
-deliveries = [m for m in msgs for _ in range(rng.randint(2, 4))]
-rng.shuffle(deliveries)
-for c in range(4):
-    with open(f"{d}/deliveries-{c + 1}.jsonl", "w") as f:
-        for m in deliveries[c::4]:
-            f.write(json.dumps(m) + "\n")
+msgs = [{"id": f"pay-{i}", "account": f"acct-{i % 7}", "amount": rng.randint(1, 1000)} for i in range(1, 2501)]
+for name, part in (("deliveries", msgs[:1500]), ("crash", msgs[1500:])):
+    deliveries = [m for m in part for _ in range(rng.randint(2, 4))]
+    rng.shuffle(deliveries)
+    for c in range(4):
+        with open(f"{d}/{name}-{c + 1}.jsonl", "w") as f:
+            for m in deliveries[c::4]:
+                f.write(json.dumps(m) + "\n")
 balances = {}
 for m in msgs:
     balances[m["account"]] = balances.get(m["account"], 0) + m["amount"]
 with open(f"{d}/expected.json", "w") as f:
     json.dump(balances, f, sort_keys=True)
-print(f"{len(msgs)} messages, {len(deliveries)} deliveries")
+print(f"{len(msgs)} messages")
 PY
 
 /usr/bin/python3 "$CONSUMER" --dsn "$APP" --setup --setup-dsn "$ADMIN" /dev/null >"$DIR/setup.log" 2>&1 ||
   { cat "$DIR/setup.log"; idem_die "setup failed"; }
 
-consume() { # N EXTRA...: consumer N on its deliveries
+consume() { # N EXTRA...: consumer N on its deliveries (FILES: deliveries or crash)
   local n="$1"
   shift
   # exec: a background consume is then the consumer process itself, which kill -9 ends.
-  exec /usr/bin/python3 "$CONSUMER" --dsn "$APP" --name "c$n" --batch-size 40 "$@" "$DIR/deliveries-$n.jsonl"
+  exec /usr/bin/python3 "$CONSUMER" --dsn "$APP" --name "c$n" --batch-size 40 "$@" "$DIR/${FILES:-deliveries}-$n.jsonl"
 }
 pids=()
 for n in 1 2 3 4; do
   extra=()
-  ((n % 2 == 1)) && extra=(--crash-batch 3)
+  # c1, c3 roll batch 3 back once; c2, c4 are slow (so that they are killed mid-run).
+  if ((n % 2 == 1)); then extra=(--crash-batch 3); else extra=(--batch-delay 0.05); fi
   consume "$n" "${extra[@]}" >"$DIR/c$n.log" 2>&1 &
   pids+=($!)
 done
-sleep 1
+# Kill c2 and c4 once each has committed a few batches.
+for log in "$DIR/c2.log" "$DIR/c4.log"; do
+  for _ in $(seq 100); do (($(grep -c "batch of" "$log" 2>/dev/null || true) >= 3)) && break; sleep 0.05; done
+done
 kill -9 "${pids[1]}" "${pids[3]}" 2>/dev/null
 for pid in "${pids[@]}"; do wait "$pid" 2>/dev/null; done
 check "the rolled-back batches were redelivered (c1, c3)" grep -q "crashed" "$DIR/c1.log"
@@ -80,15 +87,31 @@ for n in 2 4; do (consume "$n" >"$DIR/c$n-again.log" 2>&1); done
 check "the killed consumers did not finish their first delivery" \
   bash -c "! grep -q balances '$DIR/c2.log' && ! grep -q balances '$DIR/c4.log'"
 check "no consumer died of an error" bash -c "! grep -l Traceback '$DIR'/c*.log"
+# Round 2: a server crash mid-run. Every consumer dies with its connection (that is the
+# point); the server restarts and the broker redelivers every unacknowledged delivery.
+pids=()
+for n in 1 2 3 4; do
+  (FILES=crash consume "$n" --batch-delay 0.05 >"$DIR/crash-c$n.log" 2>&1) &
+  pids+=($!)
+done
+for _ in $(seq 100); do (($(cat "$DIR"/crash-c*.log | grep -c "batch of" || true) >= 8)) && break; sleep 0.05; done
+as_pg pg_ctl -D "$DIR/cluster/data" -m immediate -w stop >/dev/null
+for pid in "${pids[@]}"; do wait "$pid" 2>/dev/null; done
+check "the crash interrupted the consumers mid-run" bash -c "! grep -q balances '$DIR'/crash-c*.log"
+as_pg pg_ctl -D "$DIR/cluster/data" -l "$DIR/cluster/server.log" -w start >/dev/null
+for n in 1 2 3 4; do (FILES=crash consume "$n" >"$DIR/crash-c$n-again.log" 2>&1) & done
+wait
+check "after the restart no redelivering consumer died of an error" bash -c "! grep -l Traceback '$DIR'/crash-c*-again.log"
+
 # A last delivery of everything: every message only replays.
-cat "$DIR"/deliveries-*.jsonl >"$DIR/all.jsonl"
+cat "$DIR"/deliveries-*.jsonl "$DIR"/crash-*.jsonl >"$DIR/all.jsonl"
 /usr/bin/python3 "$CONSUMER" --dsn "$APP" --name last --batch-size 500 "$DIR/all.jsonl" >"$DIR/last.log" 2>&1
 
 q() { as_pg psql -X -At -d postgres -c "$1"; }
-check "every message applied exactly once (1500 ledger rows, 1500 messages)" \
-  test "$(q "SELECT count(*) || ' ' || count(DISTINCT message_id) FROM ledger")" = "1500 1500"
+check "every message applied exactly once (2500 ledger rows, 2500 messages)" \
+  test "$(q "SELECT count(*) || ' ' || count(DISTINCT message_id) FROM ledger")" = "2500 2500"
 check "no consumer saw a message applied twice" \
-  bash -c "! grep -h 'applied more than once' '$DIR'/c*.log '$DIR/last.log' | grep -qv ': 0$'"
+  bash -c "! grep -h 'applied more than once' '$DIR'/*.log | grep -qv ': 0$'"
 check "the balances are the sums of the messages" \
   test "$(q "SELECT json_object_agg(id, balance ORDER BY id)::jsonb::text FROM accounts")" = \
   "$(/usr/bin/python3 -c "import json; print(json.dumps(json.load(open('$DIR/expected.json')), sort_keys=True, separators=(', ', ': ')))")"
