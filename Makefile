@@ -30,7 +30,7 @@ DATA        = $(EXTENSION)--1.0.sql $(wildcard $(EXTENSION)--*--*.sql)
 DATA_built  = $(EXTENSION)--$(EXTVERSION).sql
 PGFILEDESC  = "idempotency - idempotency keys inside the application's transaction"
 
-# pg_regress suites for `make installcheck` against an existing server (see README).
+# pg_regress suites for `make installcheck` against an existing server (see CONTRIBUTING.md).
 REGRESS      = $(patsubst sql/%.sql,%,$(sort $(wildcard sql/*.sql)))
 REGRESS_OPTS = --inputdir=. --load-extension=$(EXTENSION)
 ISOLATION      = $(patsubst test/isolation/specs/%.spec,%,$(sort $(wildcard test/isolation/specs/*.spec)))
