@@ -17,7 +17,7 @@
 \pset tuples_only on
 SET client_min_messages = warning;
 
-SELECT plan(215);
+SELECT plan(222);
 
 SELECT pg_backend_pid() AS start_pid \gset
 -- The server log of test/run.sh's pgTAP server (lib.sh: DIR/server.log beside DIR/data),
@@ -882,6 +882,34 @@ SELECT is((SELECT count(*) FROM idempotency.idempotency_keys), :rows_before_owne
           'owners: the refused calls wrote nothing');
 SELECT is(sectest.value_as('sec_alice', $$SELECT status FROM idempotency.claim_key('owner-1')$$), 'claimed',
           'owners: owned by the superuser again, claims work');
+
+-------------------------------------------------------------------------------
+-- 8c. The batch functions (1.1) keep the same promises: keys of the caller only, no
+-- refusal skipped inside a security-restricted operation, the same limits, no oracle.
+-------------------------------------------------------------------------------
+SELECT is(sectest.value_as('sec_alice', $$SELECT string_agg(status::text, ',' ORDER BY ordinality)
+            FROM idempotency.claim_keys(ARRAY['batch-1', 'batch-2'], NULL, 'batch')$$), 'claimed,claimed',
+          'batch: alice claims two keys');
+SELECT is(sectest.value_as('sec_bob', $$SELECT string_agg(status::text, ',' ORDER BY ordinality)
+            FROM idempotency.claim_keys(ARRAY['batch-1', 'batch-2'], NULL, 'batch')$$), 'claimed,claimed',
+          'batch: bob''s batch of the same keys claims his own keys (no in_progress, nothing of alice''s)');
+SELECT is(sectest.state_as('sec_bob', format($$SELECT * FROM idempotency.complete_keys(ARRAY['batch-1'], ARRAY[%L]::uuid[], ARRAY['{}']::jsonb[], NULL, 'batch')$$,
+            (SELECT lease_token FROM idempotency.idempotency_keys k JOIN pg_roles r ON r.oid = k.owner
+              WHERE r.rolname = 'sec_alice' AND key = 'batch-1'))),
+          '55000', 'batch: bob completing with alice''s token meets only his own key (fenced, 55000)');
+SELECT is(sectest.state_as('sec_bob', $$SELECT * FROM idempotency.claim_keys(ARRAY['batch-3'], NULL, 'batch', NULL, '200000 years')$$),
+          '22023', 'batch: the lease limit holds (22023)');
+SELECT is(sectest.state_as('sec_bob', $$SELECT * FROM idempotency.claim_keys(ARRAY['batch-4'], ARRAY[pg_catalog.repeat('x', 100)::bytea], 'batch')$$),
+          '22001', 'batch: the fingerprint limit holds (22001)');
+CREATE MATERIALIZED VIEW sectest.mv_batch AS SELECT 1 AS one WITH NO DATA;
+CREATE OR REPLACE FUNCTION sectest.batch_in_matview() RETURNS int LANGUAGE sql AS
+  $$ SELECT count(*)::int FROM idempotency.claim_keys(ARRAY['batch-mv']) $$;
+DROP MATERIALIZED VIEW sectest.mv_batch;
+CREATE MATERIALIZED VIEW sectest.mv_batch AS SELECT sectest.batch_in_matview() AS n WITH NO DATA;
+SELECT throws_ok('REFRESH MATERIALIZED VIEW sectest.mv_batch', '42501', NULL,
+                 'batch: claim_keys inside REFRESH MATERIALIZED VIEW (a security-restricted operation) fails with 42501');
+SELECT is(sectest.state_as('sec_nousage', $$SELECT * FROM idempotency.claim_keys(ARRAY['x'])$$), '42501',
+          'batch: a role without USAGE on the schema cannot call claim_keys');
 
 -------------------------------------------------------------------------------
 -- 9. Nothing changed the roles; the backend is the one that started.
