@@ -84,31 +84,21 @@ EXCEPTION WHEN OTHERS THEN
                           detail = PG_EXCEPTION_DETAIL, hint = PG_EXCEPTION_HINT;
   RETURN concat_ws(' | ', state, message, nullif(detail, ''), nullif(hint, ''));
 END $$;
--- The same, as `who`.
-CREATE FUNCTION sectest.state_as(who name, sql text) RETURNS text LANGUAGE plpgsql AS $$
+-- The same, as `who`: `probe` is one of sectest.state / value / error.
+CREATE FUNCTION sectest.run_as(who name, probe text, sql text) RETURNS text LANGUAGE plpgsql AS $$
 DECLARE result text;
 BEGIN
   EXECUTE format('SET ROLE %I', who);
-  result := sectest.state(sql);
+  EXECUTE format('SELECT sectest.%I($1)', probe) INTO result USING sql;
   RESET ROLE;
   RETURN result;
 END $$;
-CREATE FUNCTION sectest.value_as(who name, sql text) RETURNS text LANGUAGE plpgsql AS $$
-DECLARE result text;
-BEGIN
-  EXECUTE format('SET ROLE %I', who);
-  result := sectest.value(sql);
-  RESET ROLE;
-  RETURN result;
-END $$;
-CREATE FUNCTION sectest.error_as(who name, sql text) RETURNS text LANGUAGE plpgsql AS $$
-DECLARE result text;
-BEGIN
-  EXECUTE format('SET ROLE %I', who);
-  result := sectest.error(sql);
-  RESET ROLE;
-  RETURN result;
-END $$;
+CREATE FUNCTION sectest.state_as(who name, sql text) RETURNS text LANGUAGE sql AS
+  $$ SELECT sectest.run_as(who, 'state', sql) $$;
+CREATE FUNCTION sectest.value_as(who name, sql text) RETURNS text LANGUAGE sql AS
+  $$ SELECT sectest.run_as(who, 'value', sql) $$;
+CREATE FUNCTION sectest.error_as(who name, sql text) RETURNS text LANGUAGE sql AS
+  $$ SELECT sectest.run_as(who, 'error', sql) $$;
 -- A key row as the superuser sees it (owner, scope, key), in one comparable string.
 CREATE FUNCTION sectest.row_of(who name, s text, k text) RETURNS text LANGUAGE sql AS $$
   SELECT coalesce((SELECT format('%s attempts=%s token=%s rp=%s code=%s response=%s',
