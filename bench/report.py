@@ -28,6 +28,10 @@ LABELS = {
     "mismatch": "claim_key mismatch",
     "in_progress": "claim_key in_progress",
     "pl_replay": "PL/pgSQL replay (FOR UPDATE)",
+    "floor_rand_100": "bare INSERT .. SELECT unnest ON CONFLICT, 100 random keys",
+    "claim_keys_rand_100": "claim_keys, 100 new random keys",
+    "pk_select_100": "primary-key SELECT .. = ANY, 100 keys",
+    "replay_keys_100": "claim_keys, 100 replays",
 }
 
 
@@ -252,6 +256,8 @@ def instructions(args):
         floor = rows.get("floor_rand" if name.endswith("_rand") else "floor_v7")
         if name in ("pk_select", "replay", "mismatch", "in_progress", "pl_replay"):
             floor = rows.get("pk_select")
+        if name.endswith("_100"):  # batches of 100 keys in one call: the batched floors
+            floor = rows.get("pk_select_100" if "select" in name or "replay" in name else "floor_rand_100")
         versus = "%.2fx" % (count / rows[rival[name]]) if name in rival and rival[name] in rows else ""
         print("| %s | %d | %.2fx | %s |" % (LABELS.get(name, name), count, count / floor, versus))
     print("(reads compare with the primary-key SELECT, writes with the bare insert; below 1 = cheaper)")

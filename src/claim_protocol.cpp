@@ -3,10 +3,12 @@
 // (replay / mismatch / in_progress).
 //
 // How a claim stays correct under any concurrency:
-//   1. Read the row with a plain MVCC snapshot. A completed, mismatched or leased row is
-//      answered from there: a replay takes no lock and writes nothing.
-//   2. No row: insert it with the primary key as the arbiter (key_heap::insert: a dirty
-//      probe, then a speculative insertion that never waits). A version inserted by a
+//   1. Read the row the statement's snapshot sees (on the direct path, one primary-key probe
+//      with a dirty snapshot that also tells whether any version exists at all). A
+//      completed, mismatched or leased row is answered from there: a replay takes no lock
+//      and writes nothing.
+//   2. No row: insert it with the primary key as the arbiter (key_heap::insert: a
+//      speculative insertion that never waits). A version inserted by a
 //      transaction still open means a claim in flight: in_progress. No lock-manager entry
 //      is kept per key, so one transaction can claim any number of keys. Where only the
 //      executor can write (Citus, triggers, ...: key_heap.cpp's ExecutorReason), the
@@ -490,8 +492,10 @@ ClaimResult claim(Session& store, const ClaimRequest& request) {
   for (bool first_look = true;; first_look = false) {
     waiter.prepare();  // before looking: a holder that ends after the look wakes us
     TimestampTz now = GetCurrentTimestamp();
-    std::optional<KeyRow> row = first_look ? store.peek(request.caller, name.scope, name.key)
-                                           : store.find(request.caller, name.scope, name.key);
+    bool known_absent = false;
+    std::optional<KeyRow> row =
+        first_look ? store.peek(request.caller, name.scope, name.key, &known_absent)
+                   : store.find(request.caller, name.scope, name.key);
     Verdict verdict = judge(row, request.fingerprint, now);
     switch (verdict) {
       case Verdict::kMismatch:
@@ -514,7 +518,8 @@ ClaimResult claim(Session& store, const ClaimRequest& request) {
     if (verdict == Verdict::kAbsent) {
       key_store::ClaimValues values = claim_values(request, now, &ttl_expiry);
       key_store::RowAddress where{};
-      Session::Insert inserted = store.insert_unlocked(name.scope, name.key, values, &where);
+      Session::Insert inserted =
+          store.insert_unlocked(name.scope, name.key, values, &where, known_absent);
       if (inserted == Session::Insert::kNeedsLock) {
         // Only the executor can write this table: its INSERT .. ON CONFLICT would wait on an
         // open inserter, so the key lock tells an open claim apart first.

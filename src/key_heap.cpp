@@ -427,7 +427,14 @@ bool available() {
   return without_citus;
 }
 
-std::optional<KeyRow> find(Oid table, Oid owner, text* scope, text* key, MemoryContext context) {
+namespace {
+
+// Probes the primary key for (owner, scope, key) with `snapshot`. `take` gets the table and
+// the slot holding the version found (nullptr when there is none) and says whether that
+// version is the row to decode into `*row`.
+template <typename Take>
+void read_key(Oid table, Oid owner, text* scope, text* key, Snapshot snapshot,
+              MemoryContext context, std::optional<KeyRow>* row, Take&& take) {
   // No privilege check, unlike the writes: every caller acts as the extension owner, who owns
   // the table (caller.hpp); the caller's own rights are never what reads it.
   // The lock an INSERT takes (claim_key may write next): the write then finds its locks
@@ -436,23 +443,49 @@ std::optional<KeyRow> find(Oid table, Oid owner, text* scope, text* key, MemoryC
   if (layout.table != table) load_layout(relation);
   // On an error, transaction abort releases what is open here (relations, pins, slot).
   TupleTableSlot* slot = nullptr;
-  bool found = pg_call([&] {
+  bool taken = pg_call([&] {
     Relation primary_key = index_open(layout.primary_key, RowExclusiveLock);
     slot = table_slot_create(relation, nullptr);
-    bool hit = probe(relation, primary_key, GetActiveSnapshot(), owner, scope, key, slot);
+    bool hit = probe(relation, primary_key, snapshot, owner, scope, key, slot);
     index_close(primary_key, NoLock);
-    return hit;
+    return take(relation, hit ? slot : nullptr);
   });
-  std::optional<KeyRow> row;
-  if (found) {
+  if (taken) {
     pg_call([&] { slot_getallattrs(slot); });
-    row = decode_values(slot->tts_values, slot->tts_isnull, context);
+    *row = decode_values(slot->tts_values, slot->tts_isnull, context);
   }
   pg_call([&] {
     ExecDropSingleTupleTableSlot(slot);
     table_close(relation, NoLock);
   });
+}
+
+}  // namespace
+
+std::optional<KeyRow> find(Oid table, Oid owner, text* scope, text* key, MemoryContext context) {
+  std::optional<KeyRow> row;
+  read_key(table, owner, scope, key, GetActiveSnapshot(), context, &row,
+           [](Relation, TupleTableSlot* slot) { return slot != nullptr; });
   return row;
+}
+
+Seen look(Oid table, Oid owner, text* scope, text* key, MemoryContext context,
+          std::optional<KeyRow>* row) {
+  SnapshotData dirty;
+  InitDirtySnapshot(dirty);
+  Seen seen = Seen::kNothing;
+  read_key(table, owner, scope, key, &dirty, context, row,
+           [&](Relation relation, TupleTableSlot* slot) {
+             if (slot == nullptr) return false;
+             // The version found is the statement's row when the statement's snapshot sees
+             // it (never so for a version of another open transaction): of the versions of
+             // one key, that snapshot sees at most one.
+             seen = table_tuple_satisfies_snapshot(relation, slot, GetActiveSnapshot())
+                        ? Seen::kRow
+                        : Seen::kUndecided;
+             return seen == Seen::kRow;
+           });
+  return seen;
 }
 
 namespace {
@@ -489,7 +522,7 @@ Found probe_dirty(Writer& writer, Oid owner, text* scope, text* key) {
 }  // namespace
 
 InsertResult insert(Oid table, text* scope, text* key, const ClaimValues& claim,
-                    key_store::RowAddress* where) {
+                    key_store::RowAddress* where, bool known_absent) {
   Writer writer;
   if (!open_writer(writer, table, ACL_INSERT, "INSERT")) return InsertResult::kNeedsExecutor;
   // No per-key lock: the primary key is the arbiter (docs/design-batch.md, "Claims without
@@ -501,7 +534,7 @@ InsertResult insert(Oid table, text* scope, text* key, const ClaimValues& claim,
   // answers from the winner's version.
   InsertResult result = pg_call([&] {
     open_indexes(writer);
-    switch (probe_dirty(writer, claim.owner, scope, key)) {
+    switch (known_absent ? Found::kNothing : probe_dirty(writer, claim.owner, scope, key)) {
       case Found::kOpenClaim:
         return InsertResult::kBusy;
       case Found::kRow:

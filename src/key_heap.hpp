@@ -5,10 +5,11 @@
 // the whole transaction (executor start-up, the speculative insertion's conflict pre-check,
 // its confirmation record), and an UPDATE as much again for the completion in the same
 // transaction. The common cases therefore skip it:
-//   - the first look at a key is one primary-key probe with the statement's snapshot;
-//   - a new key is inserted as one heap tuple plus its index entries, after a probe with a
-//     dirty snapshot (committed or in-progress versions), speculatively: the primary key is
-//     the arbiter, and no per-key lock is taken (docs/design-batch.md);
+//   - the first look at a key is one primary-key probe with a dirty snapshot (committed or
+//     in-progress versions): it finds either nothing, or the version the statement's
+//     snapshot sees, or (rarely) something only a second look can decide;
+//   - a new key is inserted as one heap tuple plus its index entries, speculatively: the
+//     primary key is the arbiter, and no per-key lock is taken (docs/design-batch.md);
 //   - the completion of a claim made by the same transaction updates the row it inserted,
 //     found by its TID, in place (a HOT update when the page has room).
 // Everything else (re-claims, the two-phase pattern, release, checkpoint) and every table
@@ -33,6 +34,19 @@ bool available();
 // values are copied into `context`.
 std::optional<KeyRow> find(Oid table, Oid owner, text* scope, text* key, MemoryContext context);
 
+// What the first look at a key found.
+enum class Seen {
+  kNothing,    // no version of the key is live for anyone: insert() need not probe again
+  kRow,        // `*row` is the version the statement's snapshot sees
+  kUndecided,  // a version of an open transaction, or one the snapshot does not see: find()
+};
+// The first look at (owner, scope, key): one primary-key descent with a dirty snapshot,
+// which answers both "is there any version?" (for the insert that may follow) and, in the
+// common case, "which row does the statement see?" (for the verdict). Varlena values of
+// `*row` are copied into `context`.
+Seen look(Oid table, Oid owner, text* scope, text* key, MemoryContext context,
+          std::optional<KeyRow>* row);
+
 // kBusy: another transaction that is still open inserted (claimed) the key.
 enum class InsertResult { kInserted, kExists, kBusy, kNeedsExecutor };
 
@@ -40,9 +54,11 @@ enum class InsertResult { kInserted, kExists, kBusy, kNeedsExecutor };
 // dirty snapshot sees, without any per-key lock and without ever waiting: the primary key
 // arbitrates (a speculative insertion, taken back when another version won the race).
 // kExists: a committed version (or this transaction's own, or one being deleted); decide
-// again from it. `where` receives the new row's address.
+// again from it. `where` receives the new row's address. `known_absent`: look() found
+// nothing just now, so the probe before the insertion is skipped (a version inserted since
+// by another transaction still loses or wins at the primary key).
 InsertResult insert(Oid table, text* scope, text* key, const ClaimValues& claim,
-                    key_store::RowAddress* where);
+                    key_store::RowAddress* where, bool known_absent);
 
 // Completes the claim `token` of (scope, key) that this transaction inserted at `where`.
 // nullopt means "not done here": the table needs the executor, or the row at `where` is no

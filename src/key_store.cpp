@@ -226,9 +226,21 @@ void Session::finish() {
   pg_call([] { SPI_finish(); });
 }
 
-std::optional<KeyRow> Session::peek(Oid owner, text* scope, text* key) {
+std::optional<KeyRow> Session::peek(Oid owner, text* scope, text* key, bool* absent) {
+  *absent = false;
   if (!key_heap::available() || !ActiveSnapshotSet()) return find(owner, scope, key, false);
-  return key_heap::find(table_, owner, scope, key, caller_context_);
+  std::optional<KeyRow> row;
+  switch (key_heap::look(table_, owner, scope, key, caller_context_, &row)) {
+    case key_heap::Seen::kNothing:
+      *absent = true;
+      break;
+    case key_heap::Seen::kRow:
+      break;
+    case key_heap::Seen::kUndecided:
+      row = key_heap::find(table_, owner, scope, key, caller_context_);
+      break;
+  }
+  return row;
 }
 
 std::optional<KeyRow> Session::find(Oid owner, text* scope, text* key, bool fresh_snapshot) {
@@ -269,10 +281,10 @@ uint64 Session::execute_claim(int plan, text* scope, text* key, const ClaimValue
 }
 
 Session::Insert Session::insert_unlocked(text* scope, text* key, const ClaimValues& claim,
-                                         RowAddress* where) {
+                                         RowAddress* where, bool known_absent) {
   *where = kNowhere;
   if (!key_heap::available()) return Insert::kNeedsLock;
-  switch (key_heap::insert(table_, scope, key, claim, where)) {
+  switch (key_heap::insert(table_, scope, key, claim, where, known_absent)) {
     case key_heap::InsertResult::kInserted:
       return Insert::kInserted;
     case key_heap::InsertResult::kExists:

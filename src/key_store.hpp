@@ -30,9 +30,11 @@ class Session {
   // abort, which is the only way it is left unfinished.
   void finish();
 
-  // The first look at a key: the calling statement's snapshot, read by a direct primary
-  // key probe where that is possible (not under Citus), else by SPI.
-  std::optional<KeyRow> peek(Oid owner, text* scope, text* key);
+  // The first look at a key: the row the calling statement's snapshot sees, read by a direct
+  // primary key probe where that is possible (not under Citus), else by SPI. `*absent` is
+  // set when no version of the key is live for anyone, so that insert_unlocked() need not
+  // look again.
+  std::optional<KeyRow> peek(Oid owner, text* scope, text* key, bool* absent);
   // Plain MVCC read: no row lock, no write. With fresh_snapshot false it reads with the
   // calling statement's snapshot (cheaper; right for a first look), else with a new one
   // (needed to see commits while waiting).
@@ -45,7 +47,8 @@ class Session {
   // the caller must hold the key lock and call insert() (INSERT .. ON CONFLICT would wait on
   // an open inserter otherwise). `where` receives the new row's address.
   enum class Insert { kInserted, kExists, kBusy, kNeedsLock };
-  Insert insert_unlocked(text* scope, text* key, const ClaimValues& claim, RowAddress* where);
+  Insert insert_unlocked(text* scope, text* key, const ClaimValues& claim, RowAddress* where,
+                         bool known_absent);
   // Inserts a fresh claim through the executor; false when the key exists. The caller holds
   // the key lock. `where` receives kNowhere.
   bool insert(text* scope, text* key, const ClaimValues& claim, RowAddress* where);
