@@ -64,7 +64,7 @@ expect_caught() { # NAME SABOTAGE PATTERN [CHAOS.PY OPTIONS...]
 }
 expect_caught sabotage-inbox debit-on-replay "inbox: every account's debit"
 expect_caught sabotage-2pc ignore-recovery-point "two-phase: an external call is repeated"
-expect_caught sabotage-batch apply-batch-duplicates "batch: each of" --patterns batch
+expect_caught sabotage-batch apply-batch-duplicates "batch: each of" --patterns batch --batch-kill-rate 0.2
 
 echo "$PASSED passed, $FAILED failed"
 ((FAILED == 0))
