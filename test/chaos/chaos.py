@@ -4,7 +4,7 @@ concurrent consumer processes, while consumers are killed with SIGKILL mid-trans
 mid-two-phase and the server is crashed (pg_ctl stop -m immediate) and restarted.
 
   chaos.py run --workdir DIR [--port P] [--messages N] [--consumers C] [--crashes K]
-               [--pgbouncer] [--seed S]
+               [--pgbouncer] [--seed S] [--patterns inbox,2pc,batch] [--batch-size B]
   chaos.py consumer ...        (started by `run`; one consumer process)
 
 `run` makes its own throw-away cluster in DIR (initdb as the postgres user when run as
@@ -18,11 +18,20 @@ rights on the business tables only) and call the functions schema-qualified, as 
 README shows. The random seed is fixed (DEFAULT_SEED) unless --seed gives another, and
 always printed.
 
-Two patterns, half of the messages each:
+Patterns (--patterns, default inbox,2pc: half of the messages each; messages take the
+listed patterns in turn):
   inbox      one transaction: claim_key, debit the account, complete_key, COMMIT.
   two-phase  claim_key + COMMIT; external call (a line appended to a side-effect log
              file); checkpoint_key(..., 'charged') + COMMIT; complete_key + COMMIT.
              A reclaimer that finds recovery_point = 'charged' skips the external call.
+  batch      the broker hands a consumer up to --batch-size deliveries at once (copies of
+             one message often share a batch); one transaction: claim_keys of all of them
+             (server-computed fingerprints), debit the account of each first occurrence
+             that claimed its key, complete_keys of those, COMMIT; then one acknowledgement
+             per delivery: applied, replay, mismatch, duplicate (a later occurrence of a
+             key claimed earlier in the batch) or in_progress (redelivered after
+             retry_after). Consumers are killed inside the batch transaction; every
+             unacknowledged delivery of the batch is delivered again.
 """
 
 import argparse
@@ -54,13 +63,17 @@ DEFAULT_SEED = 20261201
 
 # Phases a consumer reports just before (or after, for committed steps) the step; the
 # coordinator kills consumers at some of them.
-KILL_PHASES = ("inbox_tx", "claimed", "calling", "called", "checkpointed", "completing")
+KILL_PHASES = ("inbox_tx", "claimed", "calling", "called", "checkpointed", "completing",
+               "batch_tx", "batch_completing")
 # A kill whose last reported phase is one of these may have left an external call made but
 # not checkpointed: the only crashes that may repeat the external call.
 WINDOW_PHASES = ("calling", "called")
 # Kills at these phases happen after the two-phase claim committed and before the
 # completing transaction started: the claim must later be reclaimed and completed.
 HELD_PHASES = ("claimed", "calling", "called", "checkpointed")
+# Phases inside a batch transaction: after the effects, after complete_keys (before COMMIT).
+BATCH_PHASES = ("batch_tx", "batch_completing")
+PATTERNS = ("inbox", "2pc", "batch")
 
 
 # --------------------------------------------------------------------------------------
@@ -134,6 +147,9 @@ def consumer_main(args):
             " FROM idempotency.claim_key(%s, idempotency.request_fingerprint(%s::jsonb), %s, NULL, %s::interval)",
             (msg, payload, scope, LEASE))
         return cur.fetchone()
+
+    def payload_of(d):
+        return json.dumps({"msg": d["m"], "amount": d["a"], "acct": d["acct"]})
 
     def check_replay(d, response):
         if response is None or response.get("msg") != d["m"] or D(response["amount"]) != D(d["a"]):
@@ -249,10 +265,87 @@ def consumer_main(args):
                     continue
                 lost_connection()
 
+    def batch(ds):
+        """One transaction for a batch of deliveries: claim_keys, the effect of each first
+        occurrence that claimed its key, complete_keys, COMMIT. One (outcome, detail) per
+        delivery, in order."""
+        keys = [d["m"] for d in ds]
+        payloads = [payload_of(d) for d in ds]
+        while True:
+            try:
+                with conn.cursor() as cur:
+                    cur.execute(
+                        "SELECT status::text, token, response, extract(epoch FROM retry_after)::float8"
+                        " FROM idempotency.claim_keys(%s::text[],"
+                        " ARRAY(SELECT idempotency.request_fingerprint(p)"
+                        " FROM unnest(%s::text[]::jsonb[]) WITH ORDINALITY AS u(p, i) ORDER BY i),"
+                        " 'batch', NULL, %s::interval) ORDER BY ordinality",
+                        (keys, payloads, LEASE))
+                    rows = cur.fetchall()
+                    outcomes = []
+                    claimed = []             # (delivery, token, payload): first occurrences
+                    effects = []             # deliveries whose effect this transaction applies
+                    claimed_keys = set()
+                    for d, payload, (st, token, response, retry) in zip(ds, payloads, rows):
+                        if st in ("claimed", "reclaimed"):
+                            claimed_keys.add(d["m"])
+                            claimed.append((d, token, payload))
+                            effects.append((d, token))
+                            outcomes.append(("applied", st))
+                        elif st == "in_progress" and d["m"] in claimed_keys:
+                            # A later copy of a key this batch claimed: a duplicate delivery.
+                            outcomes.append(("duplicate", "-"))
+                            if args.sabotage == "apply-batch-duplicates":
+                                # A broken consumer: applies every delivery whose key the
+                                # batch claimed, the duplicates too.
+                                effects.append((d, token))
+                        elif st == "replay":
+                            check_replay(d, response)
+                            outcomes.append(("replay", "-"))
+                        elif st == "mismatch":
+                            outcomes.append(("mismatch", "-"))
+                        else:
+                            # in_progress: another consumer's open claim.
+                            outcomes.append(("retry", retry))
+                    if not claimed:
+                        conn.rollback()
+                        return outcomes
+                    # Accounts in id order: concurrent batches lock them in the same order.
+                    for d, token in sorted(effects, key=lambda e: e[0]["acct"]):
+                        cur.execute("UPDATE batch_accounts SET balance = balance - %s::numeric WHERE id = %s",
+                                    (d["a"], d["acct"]))
+                        cur.execute("INSERT INTO batch_applied (msg, token, amount) VALUES (%s, %s, %s)",
+                                    (d["m"], token, d["a"]))
+                    phase("batch_tx")
+                    cur.execute(
+                        "SELECT count(*) FILTER (WHERE status = 'replay')"
+                        " FROM idempotency.complete_keys(%s::text[], %s::uuid[], %s::text[]::jsonb[],"
+                        " %s::int[], 'batch')",
+                        ([d["m"] for d, _, _ in claimed], [t for _, t, _ in claimed],
+                         [p for _, _, p in claimed], [200] * len(claimed)))
+                    if cur.fetchone()[0] != len(claimed):
+                        say("E", "bad_complete_keys", keys[0])
+                    phase("batch_completing")
+                    conn.commit()
+                    losses[0] = 0
+                    return outcomes
+            except psycopg.OperationalError as e:
+                # The transaction is gone (or committed: then the batch replays).
+                if not connection_problem(e):
+                    say("E", "unexpected_error_" + str(e.sqlstate), keys[0])
+                    conn.rollback()
+                    return [("retry", 0.2)] * len(ds)
+                lost_connection()
+
     connect()
     for line in sys.stdin:
         d = json.loads(line)
-        payload = json.dumps({"msg": d["m"], "amount": d["a"], "acct": d["acct"]})
+        if isinstance(d, list):
+            # A batch of deliveries: one transaction, then one acknowledgement each.
+            for b, (outcome, detail) in zip(d, batch(d)):
+                say("A", b["d"], outcome, detail)
+            continue
+        payload = payload_of(d)
         if d["p"] == "inbox":
             outcome, detail = inbox(d, payload)
         else:
@@ -375,13 +468,13 @@ class Consumer:
         self.killed = False
 
 
-def build_deliveries(rng, n_messages, accounts):
+def build_deliveries(rng, n_messages, accounts, patterns=("inbox", "2pc")):
     msgs = []
     for i in range(n_messages):
         cents = rng.randint(1, 250000)
         msgs.append({
             "m": "pay-%06d" % i,
-            "p": "inbox" if i % 2 == 0 else "2pc",
+            "p": patterns[i % len(patterns)],
             "a": "%d.%02d" % (cents // 100, cents % 100),
             "acct": rng.randrange(accounts),
         })
@@ -400,6 +493,17 @@ def build_deliveries(rng, n_messages, accounts):
     for m in late:
         stream.insert(rng.randrange(len(stream) + 1), m)
     return msgs, stream
+
+
+def setup_batch_tables(c, accounts):
+    """The batch pattern's own accounts, and its applied rows (no unique constraint: a
+    double application would show as a second row)."""
+    c.execute("CREATE TABLE batch_accounts (id int PRIMARY KEY, balance numeric(18,2) NOT NULL)")
+    c.execute("INSERT INTO batch_accounts SELECT g, 1000000000.00 FROM generate_series(0, %s) g"
+              % (accounts - 1))
+    c.execute("CREATE TABLE batch_applied (msg text, token uuid, amount numeric(18,2))")
+    c.execute("GRANT SELECT, UPDATE ON batch_accounts TO %s" % APP_ROLE)
+    c.execute("GRANT INSERT ON batch_applied TO %s" % APP_ROLE)
 
 
 def run_main(args):
@@ -449,7 +553,10 @@ def run_main(args):
             bouncer.start()
             consumer_dsn = "host=%s port=%d user=%s dbname=chaos" % (workdir, args.port + 1, APP_ROLE)
 
-        msgs, stream = build_deliveries(rng, args.messages, args.accounts)
+        if "batch" in args.patterns:
+            with psycopg.connect(dsn, autocommit=True) as c:
+                setup_batch_tables(c, args.accounts)
+        msgs, stream = build_deliveries(rng, args.messages, args.accounts, args.patterns)
         by_id = {m["m"]: m for m in msgs}
         ready = collections.deque()
         for i, m in enumerate(stream):
@@ -499,6 +606,11 @@ def run_main(args):
             if not ready:
                 return
             d = ready.popleft()
+            if d["p"] == "batch":
+                d = take_batch(d)
+                f["batches"] += 1
+                f["batch_deliveries"] += len(d)
+                dispatched += len(d) - 1
             c.inflight = d
             c.phase = None
             dispatched += 1
@@ -506,6 +618,32 @@ def run_main(args):
                 c.proc.stdin.write((json.dumps(d) + "\n").encode())
             except BrokenPipeError:
                 pass
+
+        def take_batch(first):
+            """A batch: `first` and the next deliveries of the batch pattern, up to
+            --batch-size (the others keep their place in the queue)."""
+            batch = [first]
+            others = []
+            while ready and len(batch) < args.batch_size:
+                d = ready.popleft()
+                (batch if d["p"] == "batch" else others).append(d)
+            ready.extendleft(reversed(others))
+            return batch
+
+        def take_acked(c, did):
+            """The delivery `did` in flight at consumer c, now acknowledged (None if it is not
+            in flight)."""
+            if isinstance(c.inflight, list):
+                for i, d in enumerate(c.inflight):
+                    if d["d"] == did:
+                        del c.inflight[i]
+                        if not c.inflight:
+                            c.inflight = None
+                        return d
+                return None
+            d = c.inflight
+            c.inflight = None
+            return d if d is not None and d["d"] == did else None
 
         def requeue(d, delay):
             nonlocal seq
@@ -522,14 +660,13 @@ def run_main(args):
                 f["event_" + parts[1]] += 1
                 if parts[1] == "lease_lost_after_call":
                     window_events[parts[2]] += 1
-                if parts[1] == "bad_replay" or parts[1].startswith("unexpected_error"):
+                if parts[1] in ("bad_replay", "bad_complete_keys") or parts[1].startswith("unexpected_error"):
                     bad.append(line)
                 return None
             if parts[0] == "A":
-                d = c.inflight
-                c.inflight = None
+                d = take_acked(c, int(parts[1]))
                 outcome, detail = parts[2], parts[3]
-                if d is None or int(parts[1]) != d["d"]:
+                if d is None:
                     bad.append("ack for a delivery not in flight: " + line)
                     return None
                 f["outcome_" + outcome] += 1
@@ -584,6 +721,9 @@ def run_main(args):
             del consumers[c.cid]
             if c.killed:
                 d = c.inflight if c.inflight is not None else None
+                if isinstance(d, list):
+                    # A batch: one kill, of one transaction (named by its first delivery).
+                    d = d[0]
                 # The last phase the consumer reported before it died.
                 if d is not None:
                     kills.append((d["m"], d["p"], c.phase))
@@ -593,9 +733,11 @@ def run_main(args):
             else:
                 bad.append("consumer %d exited with %s: %s" % (c.cid, c.proc.returncode, err[-2000:]))
             if c.inflight is not None:
-                # At-least-once: an unacknowledged delivery is delivered again.
-                f["redelivered_after_kill"] += 1
-                requeue(c.inflight, 0.0)
+                # At-least-once: an unacknowledged delivery is delivered again (each one of
+                # a batch).
+                for d in c.inflight if isinstance(c.inflight, list) else [c.inflight]:
+                    f["redelivered_after_kill"] += 1
+                    requeue(d, 0.0)
             spawn()
 
         kills_left = [args.max_kills]
@@ -658,6 +800,7 @@ def run_main(args):
         # ------------------------------------------------------------------ checks
         inbox_msgs = [m for m in msgs if m["p"] == "inbox"]
         tp_msgs = [m for m in msgs if m["p"] == "2pc"]
+        batch_msgs = [m for m in msgs if m["p"] == "batch"]
         with psycopg.connect(dsn, autocommit=True) as c:
             balances = dict(c.execute("SELECT id, balance FROM accounts").fetchall())
             applied = c.execute("SELECT msg, count(*) FROM inbox_applied GROUP BY msg").fetchall()
@@ -668,6 +811,9 @@ def run_main(args):
                                      " WHERE owner <> %s::regrole", (APP_ROLE,)).fetchone()[0]
             stats = c.execute("SELECT claimed, reclaimed, replayed, in_progress, mismatched, completed"
                               " FROM idempotency.idempotency_stats WHERE datname = 'chaos'").fetchone()
+            if batch_msgs:
+                batch_balances = dict(c.execute("SELECT id, balance FROM batch_accounts").fetchall())
+                batch_applied = dict(c.execute("SELECT msg, count(*) FROM batch_applied GROUP BY msg").fetchall())
 
         expected = collections.defaultdict(D)
         for m in inbox_msgs:
@@ -693,12 +839,34 @@ def run_main(args):
               "two-phase: each of %d messages completed exactly once (by two claims: %d, never: %d)"
               % (len(tp_msgs), tp_double, tp_missing))
 
+        batch_double = batch_missing = 0
+        batch_debit_off = False
+        if batch_msgs:
+            batch_expected = collections.defaultdict(D)
+            for m in batch_msgs:
+                batch_expected[m["acct"]] += D(m["a"])
+            batch_debited = {a: D("1000000000.00") - batch_balances[a] for a in batch_balances}
+            batch_total_expected = sum(batch_expected.values(), D(0))
+            batch_total_debited = sum(batch_debited.values(), D(0))
+            batch_debit_off = any(batch_debited[a] != batch_expected.get(a, D(0)) for a in batch_debited)
+            check(not batch_debit_off,
+                  "batch: every account's debit equals the sum of its unique messages to the cent "
+                  "(%s debited, %s expected)" % (batch_total_debited, batch_total_expected))
+            batch_double = sum(1 for m in batch_msgs if batch_applied.get(m["m"], 0) > 1)
+            batch_missing = sum(1 for m in batch_msgs if batch_applied.get(m["m"], 0) == 0)
+            check(batch_double == 0 and batch_missing == 0 and len(batch_applied) == len(batch_msgs),
+                  "batch: each of %d messages applied exactly once (double %d, missing %d)"
+                  % (len(batch_msgs), batch_double, batch_missing))
+            batch_kills = collections.Counter(ph for _, p, ph in kills if p == "batch" and ph in BATCH_PHASES)
+            check(sum(batch_kills.values()) > 0 or args.max_kills == 0,
+                  "batch: consumers killed inside the batch transaction: %d %s"
+                  % (sum(batch_kills.values()), dict(sorted(batch_kills.items()))))
+
         check(other_owners == 0, "every key belongs to the consumers' role %s (%d others)" % (APP_ROLE, other_owners))
         key_state = {(s, k): (st, att) for s, k, st, att in keys}
         processing = sum(1 for st, _ in key_state.values() if st == "processing")
         check(processing == 0, "no key is left processing (%d)" % processing)
-        all_done = all(key_state.get(("inbox" if m["p"] == "inbox" else "2pc", m["m"]), ("", 0))[0]
-                       == "completed" for m in msgs)
+        all_done = all(key_state.get((m["p"], m["m"]), ("", 0))[0] == "completed" for m in msgs)
         check(all_done, "every message's key is completed")
 
         held_kills = [k for k in kills if k[1] == "2pc" and k[2] in HELD_PHASES]
@@ -742,8 +910,11 @@ def run_main(args):
         check(len(kills) >= min(args.max_kills, 5),
               "consumers killed mid-delivery: %d" % len(kills))
         reclaimed_keys = sum(1 for st, att in key_state.values() if att >= 2)
-        check(reclaimed_keys > 0 or args.max_kills == 0,
-              "lease expiry led to reclaims: %d keys reclaimed" % reclaimed_keys)
+        # Only two-phase claims outlive their transaction: inbox and batch claims that die
+        # roll back with it.
+        check(reclaimed_keys > 0 or args.max_kills == 0 or not tp_msgs,
+              "lease expiry led to reclaims: %d keys reclaimed%s"
+              % (reclaimed_keys, "" if tp_msgs else " (no two-phase messages in this run)"))
 
         with open(cluster.log, errors="replace") as fh:
             log = fh.read()
@@ -754,16 +925,19 @@ def run_main(args):
         valgrind_checks(check, workdir)
 
         double_effects = inbox_double + tp_double + len(unexplained) + (total_debited - total_expected_debit != 0)
+        double_effects += batch_double + batch_debit_off
         print("#")
         print("# figures (%s%s, seed %s, %.1f s)" % ("through PgBouncer, " if args.pgbouncer else "",
                                                     "%d consumers" % args.consumers, args.seed, elapsed))
-        print("#   messages                 %d (%d inbox, %d two-phase)" % (len(msgs), len(inbox_msgs), len(tp_msgs)))
+        print("#   messages                 %d (%d inbox, %d two-phase%s)" % (len(msgs), len(inbox_msgs), len(tp_msgs),
+                                                                      ", %d batch" % len(batch_msgs) if batch_msgs else ""))
         print("#   copies sent by producer  %d (each message 2-5 times) + %d tampered" % (total_copies, expected_mismatch))
         print("#   deliveries               %d (incl. %d redeliveries after a kill, %d after in_progress)"
               % (dispatched, f["redelivered_after_kill"], f["outcome_retry"]))
         print("#   applied (claimed/reclaimed)  %d / %d" % (f["applied_claimed"], f["applied_reclaimed"]))
-        print("#   duplicates rejected      %d replay, %d in_progress, %d mismatch"
-              % (f["outcome_replay"], f["outcome_retry"], mismatches))
+        print("#   duplicates rejected      %d replay, %d in_progress, %d mismatch%s"
+              % (f["outcome_replay"], f["outcome_retry"], mismatches,
+                 ", %d in the same batch" % f["outcome_duplicate"] if batch_msgs else ""))
         print("#   consumers killed         %d  %s" % (sum(kills_by_phase.values()),
                                                       dict(sorted(kills_by_phase.items()))))
         print("#   consumers paused > lease %d  %s" % (sum(stalls_by_phase.values()), dict(sorted(stalls_by_phase.items()))))
@@ -776,6 +950,12 @@ def run_main(args):
               " %d kills after the checkpoint repeated nothing)"
               % (repeated, sum(window_kills.values()), sum(window_events.values()), len(after_checkpoint_kills)))
         print("#   inbox debited            %s (expected %s)" % (total_debited, total_expected_debit))
+        if batch_msgs:
+            print("#   batches                  %d of up to %d deliveries (mean %.1f); %d later copies in the"
+                  " same batch acknowledged as duplicates; %d batch transactions killed"
+                  % (f["batches"], args.batch_size, f["batch_deliveries"] / max(1, f["batches"]),
+                     f["outcome_duplicate"], sum(batch_kills.values())))
+            print("#   batch debited            %s (expected %s)" % (batch_total_debited, batch_total_expected))
         if stats:
             print("#   idempotency_stats since last restart: claimed %s reclaimed %s replayed %s "
                   "in_progress %s mismatched %s completed %s" % stats)
@@ -811,17 +991,27 @@ def main():
     r.add_argument("--max-kills", type=int, default=40)
     r.add_argument("--kill-rate", type=float, default=0.04,
                    help="probability of a kill at each reported kill phase")
+    r.add_argument("--batch-kill-rate", type=float, default=0.1,
+                   help="the same at each phase inside a batch transaction (reported once per batch "
+                        "instead of once per delivery)")
     r.add_argument("--max-stalls", type=int, default=8,
                    help="consumers paused (SIGSTOP) for longer than the lease, then resumed")
     r.add_argument("--stall-rate", type=float, default=0.02)
     r.add_argument("--tampered", type=int, default=20)
     r.add_argument("--timeout", type=int, default=600)
     r.add_argument("--pgbouncer", action="store_true")
+    r.add_argument("--patterns", default="inbox,2pc",
+                   help="comma-separated patterns the messages take in turn: inbox, 2pc, batch "
+                        "(default inbox,2pc)")
+    r.add_argument("--batch-size", type=int, default=20,
+                   help="most deliveries the broker hands a batch consumer at once (default 20)")
     r.add_argument("--seed", type=int, default=DEFAULT_SEED,
                    help="random seed (default %d: the same run every day)" % DEFAULT_SEED)
     sabotage_help = ("self-test of the harness: consumers with a deliberate bug, so that the "
-                     "checks must fail: 'debit-on-replay' (inbox) or 'ignore-recovery-point' (two-phase)")
-    r.add_argument("--sabotage", default="none", choices=("none", "debit-on-replay", "ignore-recovery-point"),
+                     "checks must fail: 'debit-on-replay' (inbox), 'ignore-recovery-point' (two-phase) "
+                     "or 'apply-batch-duplicates' (batch: also applies later copies of a key in the batch)")
+    r.add_argument("--sabotage", default="none",
+                   choices=("none", "debit-on-replay", "ignore-recovery-point", "apply-batch-duplicates"),
                    help=sabotage_help)
     c = sub.add_parser("consumer")
     c.add_argument("--dsn", required=True)
@@ -831,8 +1021,12 @@ def main():
     if args.cmd == "consumer":
         consumer_main(args)
         return 0
+    args.patterns = tuple(args.patterns.split(","))
+    if not args.patterns or any(p not in PATTERNS for p in args.patterns) or args.batch_size < 1:
+        ap.error("--patterns takes a comma-separated list of %s; --batch-size at least 1" % ", ".join(PATTERNS))
     print("# seed %d (replay with --seed %d)" % (args.seed, args.seed), flush=True)
-    args.kill_probability = {p: args.kill_rate for p in KILL_PHASES}
+    args.kill_probability = {p: args.batch_kill_rate if p in BATCH_PHASES else args.kill_rate
+                             for p in KILL_PHASES}
     return run_main(args)
 
 

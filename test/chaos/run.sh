@@ -4,6 +4,9 @@
 #   test/chaos/run.sh                 short run: 500 messages, 8 consumers, 1 server crash
 #   test/chaos/run.sh --long          long run: 20000 messages, 16 consumers, 5 server crashes
 #   test/chaos/run.sh --pgbouncer     the same through PgBouncer in transaction pooling mode
+#   test/chaos/run.sh --patterns batch   batch consumers: up to --batch-size (20) deliveries per
+#                                     transaction (claim_keys, effects, complete_keys, COMMIT);
+#                                     --patterns inbox,2pc,batch mixes the three (default inbox,2pc)
 #   test/chaos/run.sh [--long] [chaos.py run options...]   e.g. --seed 42 --consumers 12
 #
 # Prints the figures and ends with "N passed, N failed"; exits non-zero on any failure.

@@ -1,11 +1,15 @@
 #!/usr/bin/env bash
-# Exactly-once under faults, short mode (part of `make test`; about a minute):
+# Exactly-once under faults, short mode (part of `make test`; about two minutes):
 #   1. 500 payment messages, each delivered 2-5 times, shuffled, to 8 consumer processes,
 #      with consumers killed mid-transaction / mid-two-phase, one immediate server crash,
 #      2-second leases that expire and are reclaimed (test/chaos/chaos.py);
 #   2. the same with 300 messages through PgBouncer in transaction pooling mode;
-#   3. self-test: consumers with a deliberate bug (a debit on replay, a reclaim that
-#      ignores the recovery point) must make the harness fail.
+#   3. batch consumers: 400 messages handed out up to 20 deliveries at a time to 6 consumers
+#      (claim_keys / complete_keys in one transaction per batch), killed inside the batch
+#      transaction, one server crash;
+#   4. self-test: consumers with a deliberate bug (a debit on replay, a reclaim that
+#      ignores the recovery point, a batch that applies later copies of a key it claimed)
+#      must make the harness fail.
 # The long mode is `test/chaos/run.sh --long` (docs/reliability.md).
 set -uo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/../lib.sh"
@@ -42,13 +46,14 @@ run_chaos() { # NAME ARGS...
 
 run_chaos direct --port 5470 --messages 500 --consumers 8 --crashes 1 --timeout 300
 run_chaos pgbouncer --port 5472 --messages 300 --consumers 8 --crashes 1 --pgbouncer --timeout 300
+run_chaos batch --port 5474 --patterns batch --messages 400 --batch-size 20 --consumers 6 --crashes 1 --timeout 300
 
 # Self-test: the harness must catch a consumer that breaks exactly-once.
-expect_caught() { # NAME SABOTAGE PATTERN
+expect_caught() { # NAME SABOTAGE PATTERN [CHAOS.PY OPTIONS...]
   local dir="$IDEM_SCRATCH/$1"
   mkdir -p "$dir"
   /usr/bin/python3 "$CHAOS" run --workdir "$dir" --port 5475 --messages 80 --kill-rate 0.2 \
-    --crashes 0 --tampered 0 --sabotage "$2" >"$dir.log" 2>&1
+    --crashes 0 --tampered 0 --sabotage "$2" "${@:4}" >"$dir.log" 2>&1
   if grep -q "^not ok - $3" "$dir.log"; then
     echo "ok - self-test: sabotage '$2' is caught ($3)"
     PASSED=$((PASSED + 1))
@@ -59,6 +64,7 @@ expect_caught() { # NAME SABOTAGE PATTERN
 }
 expect_caught sabotage-inbox debit-on-replay "inbox: every account's debit"
 expect_caught sabotage-2pc ignore-recovery-point "two-phase: an external call is repeated"
+expect_caught sabotage-batch apply-batch-duplicates "batch: each of" --patterns batch --batch-kill-rate 0.2
 
 echo "$PASSED passed, $FAILED failed"
 ((FAILED == 0))
