@@ -544,14 +544,18 @@ ClaimResult claim(Session& store, const ClaimRequest& request) {
       // An existing row is taken over under its row lock (FOR UPDATE SKIP LOCKED): a
       // transaction that holds it makes us skip it, never wait, and no per-key lock is needed.
       Verdict current = judge(locked, request.fingerprint, now);
+      // The row's owner, not the caller's OID: under Citus the row is on the node of its
+      // shard, which may name the role by another OID (key_store.hpp, owner_on_node).
       if (current == Verdict::kExpired) {
         key_store::ClaimValues values = claim_values(request, now, &ttl_expiry);
+        values.owner = locked->owner;
         store.restart(name.scope, name.key, values);
         return claimed_answer(Status::kClaimed, values, ttl_expiry, key_store::kNowhere, 1, nullptr,
                               now, request.fingerprint, name.wait_slot(request.caller));
       }
       if (current == Verdict::kReclaimable) {
         key_store::ClaimValues values = claim_values(request, now, &ttl_expiry);
+        values.owner = locked->owner;
         KeyRow renewed = store.reclaim(name.scope, name.key, values);
         return claimed_answer(Status::kReclaimed, values, ttl_expiry, key_store::kNowhere,
                               renewed.attempts, renewed.recovery_point, renewed.created_at,

@@ -313,6 +313,12 @@ KeyRow Session::reclaim(text* scope, text* key, const ClaimValues& claim) {
   return decode(0, caller_context_);
 }
 
+Oid Session::owner_on_node(Oid owner, text* scope, text* key) {
+  if (key_heap::available()) return owner;  // no Citus: the table is here
+  std::optional<KeyRow> row = find(owner, scope, key);
+  return row ? row->owner : owner;
+}
+
 std::optional<KeyRow> Session::complete(text* scope, text* key, const pg_uuid_t& token, Oid owner,
                                         const Outcome& outcome, TimestampTz now,
                                         TimestampTz expires_at, const RowAddress& where) {
@@ -321,6 +327,7 @@ std::optional<KeyRow> Session::complete(text* scope, text* key, const pg_uuid_t&
                                                        outcome, now, expires_at, caller_context_))
       return row;
   }
+  owner = owner_on_node(owner, scope, key);
   Datum values[] = {PointerGetDatum(scope),
                     PointerGetDatum(key),
                     UUIDPGetDatum(&token),
@@ -337,6 +344,7 @@ std::optional<KeyRow> Session::complete(text* scope, text* key, const pg_uuid_t&
 }
 
 bool Session::release(text* scope, text* key, const pg_uuid_t& token, Oid owner, TimestampTz now) {
+  owner = owner_on_node(owner, scope, key);
   Datum values[] = {PointerGetDatum(scope), PointerGetDatum(key), UUIDPGetDatum(&token),
                     ObjectIdGetDatum(owner), TimestampTzGetDatum(now)};
   return execute(kRelease, values, nullptr, false, 0) == 1;
@@ -344,6 +352,7 @@ bool Session::release(text* scope, text* key, const pg_uuid_t& token, Oid owner,
 
 bool Session::checkpoint(text* scope, text* key, const pg_uuid_t& token, Oid owner,
                          text* recovery_point, TimestampTz now, TimestampTz locked_until) {
+  owner = owner_on_node(owner, scope, key);
   Datum values[] = {
       PointerGetDatum(scope),           PointerGetDatum(key),     UUIDPGetDatum(&token),
       ObjectIdGetDatum(owner),          TimestampTzGetDatum(now), nullable(recovery_point),

@@ -69,6 +69,13 @@ class Session {
                   TimestampTz now, TimestampTz locked_until);
 
  private:
+  // The OID that the node holding the key's row gives `owner` (that row's own owner column,
+  // read by the role's name). Under Citus a propagated role may have another OID on each
+  // node; a SELECT or an INSERT carries the owner parameter to the shard's node as the
+  // role's name, but an UPDATE carries it as the number (Citus evaluates the parameter
+  // with its cast to oid before it deparses the statement), so the fenced UPDATEs compare
+  // with this instead. Without Citus: `owner` itself, at no cost.
+  Oid owner_on_node(Oid owner, text* scope, text* key);
   // Opens the SPI connection (and prepares the plans) on first use: a replay answered by
   // peek() never connects.
   void connect();

@@ -166,7 +166,9 @@ def consumer_main(args):
                         cur.execute("INSERT INTO inbox_applied (msg, token, amount) VALUES (%s, %s, %s)",
                                     (d["m"], token, d["a"]))
                         phase("inbox_tx")
-                        cur.execute("SELECT (idempotency.complete_key(%s, %s, %s::jsonb, 200, 'inbox')).status::text",
+                        # `SELECT ... FROM f(...)`: a form Citus delegates to the key's node, as it
+                        # did the claim (one transaction must not mix delegated and other calls).
+                        cur.execute("SELECT status::text FROM idempotency.complete_key(%s, %s, %s::jsonb, 200, 'inbox')",
                                     (d["m"], token, payload))
                         conn.commit()
                         losses[0] = 0
@@ -394,12 +396,91 @@ class Cluster:
 
     def crash(self):
         self.as_pg(["pg_ctl", "-D", self.data, "-m", "immediate", "-w", "-t", "60", "stop"])
+        return "server"
+
+    def logs(self):
+        return [self.log]
 
     def stop(self):
         try:
             self.as_pg(["pg_ctl", "-D", self.data, "-m", "fast", "-w", "-t", "60", "stop"])
         except subprocess.CalledProcessError:
             pass
+
+
+class CitusCluster:
+    """--citus: a Citus coordinator and two workers on ports P, P+1 and P+2 (TCP on 127.0.0.1,
+    the coordinator's socket in the workdir like a plain Cluster's). The key table is
+    distributed by key with the recipe of test/citus/setup.sql; the business tables are Citus
+    local tables on the coordinator, so that a consumer's transaction (its key on a worker's
+    shard, its effect on the coordinator) commits with Citus' two-phase commit. Crashes take
+    turns: a worker, the coordinator, the other worker, the coordinator, ..."""
+
+    NAMES = ("coordinator", "worker1", "worker2")
+    CRASH_ORDER = (1, 0, 2, 0)
+
+    def __init__(self, workdir, port):
+        self.workdir = workdir
+        self.port = port
+        self.nodes = []
+        for i, name in enumerate(self.NAMES):
+            os.makedirs(os.path.join(workdir, name), exist_ok=True)
+            self.nodes.append(Cluster(os.path.join(workdir, name), port + i))
+        self.down = []
+        self.crashed = collections.Counter()
+
+    def init(self, extra_conf):
+        if os.geteuid() == 0:
+            shutil.chown(self.workdir, "postgres")  # the coordinator's socket is here
+        for node in self.nodes:
+            if os.path.exists(node.data):
+                shutil.rmtree(node.data)
+            node.init([
+                "listen_addresses = '127.0.0.1'",
+                "unix_socket_directories = '%s'" % self.workdir,
+                "shared_preload_libraries = 'citus,idempotency'",
+                "max_prepared_transactions = 100",
+                # Prepared transactions that a coordinator crash left on a worker are
+                # committed or rolled back by the coordinator's recovery, this often.
+                "citus.recover_2pc_interval = '2s'",
+            ] + extra_conf)
+
+    def start(self):
+        for node in self.down or self.nodes:
+            node.start()
+        self.down = []
+
+    def crash(self):
+        i = self.CRASH_ORDER[sum(self.crashed.values()) % len(self.CRASH_ORDER)]
+        self.nodes[i].crash()
+        self.down.append(self.nodes[i])
+        self.crashed[self.NAMES[i]] += 1
+        return "%s (port %d)" % (self.NAMES[i], self.nodes[i].port)
+
+    def stop(self):
+        for node in self.nodes:
+            node.stop()
+
+    def logs(self):
+        return [node.log for node in self.nodes]
+
+    def prepare(self, psycopg, database):
+        """After CREATE DATABASE on the coordinator: the database and Citus on every node,
+        the workers added, the recipe applied (it creates the extension)."""
+        for i, node in enumerate(self.nodes):
+            dsn = "host=127.0.0.1 port=%d user=postgres dbname=%%s" % node.port
+            if i > 0:
+                with psycopg.connect(dsn % "postgres", autocommit=True) as c:
+                    c.execute("CREATE DATABASE " + database)
+            with psycopg.connect(dsn % database, autocommit=True) as c:
+                c.execute("CREATE EXTENSION citus")
+        with psycopg.connect("host=127.0.0.1 port=%d user=postgres dbname=%s" % (self.port, database),
+                             autocommit=True) as c:
+            c.execute("SELECT citus_set_coordinator_host('127.0.0.1', %d)" % self.port)
+            for node in self.nodes[1:]:
+                c.execute("SELECT citus_add_node('127.0.0.1', %d)" % node.port)
+            with open(os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "citus", "setup.sql")) as f:
+                c.execute(f.read())
 
 
 class PgBouncer:
@@ -495,15 +576,19 @@ def build_deliveries(rng, n_messages, accounts, patterns=("inbox", "2pc")):
     return msgs, stream
 
 
-def setup_batch_tables(c, accounts):
+def setup_batch_tables(c, accounts, citus):
     """The batch pattern's own accounts, and its applied rows (no unique constraint: a
-    double application would show as a second row)."""
+    double application would show as a second row); Citus tables under --citus, as the
+    other patterns' tables are."""
     c.execute("CREATE TABLE batch_accounts (id int PRIMARY KEY, balance numeric(18,2) NOT NULL)")
     c.execute("INSERT INTO batch_accounts SELECT g, 1000000000.00 FROM generate_series(0, %s) g"
               % (accounts - 1))
     c.execute("CREATE TABLE batch_applied (msg text, token uuid, amount numeric(18,2))")
     c.execute("GRANT SELECT, UPDATE ON batch_accounts TO %s" % APP_ROLE)
     c.execute("GRANT INSERT ON batch_applied TO %s" % APP_ROLE)
+    if citus:
+        for table in ("batch_accounts", "batch_applied"):
+            c.execute("SELECT citus_add_local_table_to_metadata(%s)", (table,))
 
 
 def run_main(args):
@@ -517,7 +602,7 @@ def run_main(args):
     extlog = os.path.join(workdir, "external_calls.log")
     open(extlog, "w").close()
 
-    cluster = Cluster(workdir, args.port)
+    cluster = CitusCluster(workdir, args.port) if args.citus else Cluster(workdir, args.port)
     cluster.init([])
     cluster.start()
     bouncer = None
@@ -532,9 +617,12 @@ def run_main(args):
         admin_dsn = "host=%s port=%d user=postgres dbname=postgres" % (workdir, args.port)
         with psycopg.connect(admin_dsn, autocommit=True) as c:
             c.execute("CREATE DATABASE chaos")
+        if args.citus:
+            cluster.prepare(psycopg, "chaos")
         dsn = "host=%s port=%d user=postgres dbname=chaos" % (workdir, args.port)
         with psycopg.connect(dsn, autocommit=True) as c:
-            c.execute("CREATE EXTENSION idempotency")
+            if not args.citus:
+                c.execute("CREATE EXTENSION idempotency")
             c.execute("CREATE TABLE accounts (id int PRIMARY KEY, balance numeric(18,2) NOT NULL)")
             c.execute("INSERT INTO accounts SELECT g, 1000000000.00 FROM generate_series(0, %s) g"
                       % (args.accounts - 1))
@@ -547,6 +635,12 @@ def run_main(args):
             c.execute("GRANT USAGE ON SCHEMA idempotency TO %s" % APP_ROLE)
             c.execute("GRANT SELECT, UPDATE ON accounts TO %s" % APP_ROLE)
             c.execute("GRANT INSERT ON inbox_applied, twophase_done TO %s" % APP_ROLE)
+            if args.citus:
+                # Citus tables, so that Citus commits the effect and the key (on a worker)
+                # together with two-phase commit; a plain table's write would commit after
+                # a one-phase COMMIT of the key on the worker (docs/design.md, "Citus").
+                for table in ("accounts", "inbox_applied", "twophase_done"):
+                    c.execute("SELECT citus_add_local_table_to_metadata(%s)", (table,))
         consumer_dsn = "host=%s port=%d user=%s dbname=chaos" % (workdir, args.port, APP_ROLE)
         if args.pgbouncer:
             bouncer = PgBouncer(workdir, args.port + 1, args.port)
@@ -555,7 +649,7 @@ def run_main(args):
 
         if "batch" in args.patterns:
             with psycopg.connect(dsn, autocommit=True) as c:
-                setup_batch_tables(c, args.accounts)
+                setup_batch_tables(c, args.accounts, args.citus)
         msgs, stream = build_deliveries(rng, args.messages, args.accounts, args.patterns)
         by_id = {m["m"]: m for m in msgs}
         ready = collections.deque()
@@ -760,11 +854,11 @@ def run_main(args):
             if acked >= total_expected and not stalled:
                 break
             if crashes_done < len(crash_at) and acked >= crash_at[crashes_done] * total_copies:
-                cluster.crash()
+                victim = cluster.crash()
                 time.sleep(0.3)
                 cluster.start()
                 crashes_done += 1
-                print("# server crashed (immediate stop) and restarted after %d acks" % acked,
+                print("# %s crashed (immediate stop) and restarted after %d acks" % (victim, acked),
                       flush=True)
             for cid, due in list(stalled.items()):
                 if time.time() >= due:
@@ -805,10 +899,11 @@ def run_main(args):
             balances = dict(c.execute("SELECT id, balance FROM accounts").fetchall())
             applied = c.execute("SELECT msg, count(*) FROM inbox_applied GROUP BY msg").fetchall()
             done = c.execute("SELECT msg, count(DISTINCT token) FROM twophase_done GROUP BY msg").fetchall()
+            # owner::text: by the role's name, which Citus' workers resolve to their own OIDs.
             keys = c.execute("SELECT scope, key, status::text, attempts FROM idempotency.idempotency_keys"
-                             " WHERE owner = %s::regrole", (APP_ROLE,)).fetchall()
+                             " WHERE owner::text = %s", (APP_ROLE,)).fetchall()
             other_owners = c.execute("SELECT count(*) FROM idempotency.idempotency_keys"
-                                     " WHERE owner <> %s::regrole", (APP_ROLE,)).fetchone()[0]
+                                     " WHERE owner::text <> %s", (APP_ROLE,)).fetchone()[0]
             stats = c.execute("SELECT claimed, reclaimed, replayed, in_progress, mismatched, completed"
                               " FROM idempotency.idempotency_stats WHERE datname = 'chaos'").fetchone()
             if batch_msgs:
@@ -916,18 +1011,20 @@ def run_main(args):
               "lease expiry led to reclaims: %d keys reclaimed%s"
               % (reclaimed_keys, "" if tp_msgs else " (no two-phase messages in this run)"))
 
-        with open(cluster.log, errors="replace") as fh:
-            log = fh.read()
-        signals = [l for l in log.splitlines() if "terminated by signal" in l or "PANIC" in l]
-        check(not signals, "server log has no backend terminated by a signal and no PANIC%s"
-              % ("" if not signals else ": " + signals[0]))
+        signals = []
+        for path in cluster.logs():
+            with open(path, errors="replace") as fh:
+                signals += [l for l in fh.read().splitlines() if "terminated by signal" in l or "PANIC" in l]
+        check(not signals, "server log%s no backend terminated by a signal and no PANIC%s"
+              % (" of every node has" if args.citus else " has", "" if not signals else ": " + signals[0]))
 
         valgrind_checks(check, workdir)
 
         double_effects = inbox_double + tp_double + len(unexplained) + (total_debited - total_expected_debit != 0)
         double_effects += batch_double + batch_debit_off
         print("#")
-        print("# figures (%s%s, seed %s, %.1f s)" % ("through PgBouncer, " if args.pgbouncer else "",
+        print("# figures (%s%s, seed %s, %.1f s)" % ("through PgBouncer, " if args.pgbouncer else
+                                                    "Citus: coordinator + 2 workers, " if args.citus else "",
                                                     "%d consumers" % args.consumers, args.seed, elapsed))
         print("#   messages                 %d (%d inbox, %d two-phase%s)" % (len(msgs), len(inbox_msgs), len(tp_msgs),
                                                                       ", %d batch" % len(batch_msgs) if batch_msgs else ""))
@@ -941,7 +1038,8 @@ def run_main(args):
         print("#   consumers killed         %d  %s" % (sum(kills_by_phase.values()),
                                                       dict(sorted(kills_by_phase.items()))))
         print("#   consumers paused > lease %d  %s" % (sum(stalls_by_phase.values()), dict(sorted(stalls_by_phase.items()))))
-        print("#   server crashes survived  %d" % crashes_done)
+        print("#   server crashes survived  %d%s" % (crashes_done, "" if not args.citus else
+                                                      "  %s" % dict(sorted(cluster.crashed.items()))))
         print("#   connection losses        %d" % f["event_connection_lost"])
         print("#   keys reclaimed           %d (resumed from 'charged': %d; fenced late holders: %d)"
               % (reclaimed_keys, f["event_resumed_from_charged"], f["event_fenced"]))
@@ -1005,6 +1103,9 @@ def main():
                         "(default inbox,2pc)")
     r.add_argument("--batch-size", type=int, default=20,
                    help="most deliveries the broker hands a batch consumer at once (default 20)")
+    r.add_argument("--citus", action="store_true",
+                   help="a Citus coordinator and two workers on ports P, P+1, P+2; --crashes "
+                        "crash a worker and the coordinator in turn")
     r.add_argument("--seed", type=int, default=DEFAULT_SEED,
                    help="random seed (default %d: the same run every day)" % DEFAULT_SEED)
     sabotage_help = ("self-test of the harness: consumers with a deliberate bug, so that the "

@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
 # Suite: the extension on a Citus 13 cluster (a coordinator and two workers on this machine,
-# ports 5481-5483): the recipe of test/citus/setup.sql, then the claim protocol through the
+# ports 5481-5483; the chaos run 5484-5486): the recipe of test/citus/setup.sql, then the claim protocol through the
 # coordinator (statuses, in_progress for an open transaction, waiting, fencing, per-role
 # keys, NULL keys), and the cleanup worker of each node deleting expired keys from its own
-# shards (test/citus/check.py). Runs when Citus is installed for the server under test
+# shards (test/citus/check.py), batches through the coordinator; then the chaos harness
+# against its own cluster (consumer kills, a worker and the coordinator crashed; a sabotaged
+# consumer must be caught). Runs when Citus is installed for the server under test
 # (CONTRIBUTING.md says how to build it); otherwise it says so and counts nothing.
 # Ends with "N passed, N failed".
 set -uo pipefail
@@ -39,8 +41,23 @@ pg_psql "${coordinator[@]}" -f "$IDEM_SRC/test/citus/setup.sql" >/dev/null || ex
 pg_psql "${coordinator[@]}" -c 'CREATE ROLE citus_app LOGIN' -c 'CREATE ROLE citus_other LOGIN' \
   -c 'GRANT USAGE ON SCHEMA idempotency TO citus_app, citus_other' >/dev/null || exit 1
 
-rc=0
-/usr/bin/python3 "$IDEM_SRC/test/citus/check.py" "${dsns[@]}" || rc=$?
+PASSED=0
+FAILED=0
+count() { # LOG: add the "N passed, N failed" line of a run (none: one failure)
+  local line p f
+  line="$(grep -E '^[0-9]+ passed, [0-9]+ failed$' "$1" | tail -1)"
+  if [[ -z $line ]]; then
+    echo "not ok - the run printed no summary (see $1)"
+    FAILED=$((FAILED + 1))
+    return
+  fi
+  read -r p _ f _ <<<"$line"
+  PASSED=$((PASSED + p))
+  FAILED=$((FAILED + f))
+}
+
+/usr/bin/python3 "$IDEM_SRC/test/citus/check.py" "${dsns[@]}" 2>&1 | tee "$IDEM_SCRATCH/check.log" | grep -v -E '^[0-9]+ passed'
+count "$IDEM_SCRATCH/check.log"
 # No node crashed.
 crashed=0
 for port in "${ports[@]}"; do
@@ -48,7 +65,31 @@ for port in "${ports[@]}"; do
 done
 if ((crashed)); then
   echo "not ok - a node of the cluster crashed (server.log)"
-  echo "0 passed, 1 failed"
-  exit 1
+  FAILED=$((FAILED + 1))
 fi
-exit "$rc"
+
+# The chaos harness against its own coordinator + 2 workers (ports 5484-5486): consumer
+# kills, a worker and the coordinator crashed (test/chaos/chaos.py --citus).
+chaos() { # NAME ARGS...
+  local dir="$IDEM_SCRATCH/$1"
+  shift
+  mkdir -p "$dir"
+  /usr/bin/python3 "$IDEM_SRC/test/chaos/chaos.py" run --workdir "$dir" --port 5484 --citus "$@" >"$dir.log" 2>&1
+}
+echo "## chaos.py run --citus --messages 300 --crashes 2"
+chaos chaos-citus --messages 300 --consumers 8 --crashes 2 --timeout 120
+grep -v '^ok - ' "$IDEM_SCRATCH/chaos-citus.log" | grep -v -E '^[0-9]+ passed'
+grep '^ok - ' "$IDEM_SCRATCH/chaos-citus.log"
+count "$IDEM_SCRATCH/chaos-citus.log"
+# Self-test: on Citus too, the harness catches a consumer that applies an effect on replay.
+chaos sabotage-citus --messages 80 --kill-rate 0.2 --crashes 0 --tampered 0 --sabotage debit-on-replay
+if grep -q "^not ok - inbox: every account's debit" "$IDEM_SCRATCH/sabotage-citus.log"; then
+  echo "ok - self-test on Citus: sabotage 'debit-on-replay' is caught"
+  PASSED=$((PASSED + 1))
+else
+  echo "not ok - self-test on Citus: sabotage 'debit-on-replay' went unnoticed (see $IDEM_SCRATCH/sabotage-citus.log)"
+  FAILED=$((FAILED + 1))
+fi
+
+echo "$PASSED passed, $FAILED failed"
+((FAILED == 0))
