@@ -76,8 +76,8 @@ chaos() { # NAME ARGS...
   mkdir -p "$dir"
   /usr/bin/python3 "$IDEM_SRC/test/chaos/chaos.py" run --workdir "$dir" --port 5484 --citus "$@" >"$dir.log" 2>&1
 }
-echo "## chaos.py run --citus --messages 300 --crashes 2"
-chaos chaos-citus --messages 300 --consumers 8 --crashes 2 --timeout 120
+echo "## chaos.py run --citus --patterns inbox,2pc,batch --messages 300 --crashes 2"
+chaos chaos-citus --patterns inbox,2pc,batch --batch-kill-rate 0.3 --messages 300 --consumers 8 --crashes 2 --timeout 120
 grep -v '^ok - ' "$IDEM_SCRATCH/chaos-citus.log" | grep -v -E '^[0-9]+ passed'
 grep '^ok - ' "$IDEM_SCRATCH/chaos-citus.log"
 count "$IDEM_SCRATCH/chaos-citus.log"
