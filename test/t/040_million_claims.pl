@@ -1,9 +1,9 @@
 # One transaction claims 1,000,000 keys with max_locks_per_transaction = 64, the default up
-# to 18 (issue #15): claims keep no lock-manager entry per key (docs/design-batch.md, "Claims without
-# per-key locks"). While it runs and while it stays open, other sessions claim keys and take
-# ordinary locks without ever seeing 53200 "out of shared memory", and a claim of one of
-# its keys answers in_progress at once. Before the change, 100,000 claims in one
-# transaction failed with 53200 after 0.3 s (the lock table holds
+# to 18 (issue #15): claims keep no lock-manager entry per key (docs/design-batch.md,
+# "Claims without per-key locks"). While it runs and while it stays open, other sessions
+# claim keys and take ordinary locks without ever seeing 53200 "out of shared memory", and a
+# claim of one of its keys answers in_progress at once. Before the change, 100,000 claims in
+# one transaction failed with 53200 after 0.3 s (the lock table holds
 # max_locks_per_transaction x backends entries, a few thousand here).
 use strict;
 use warnings;
