@@ -65,8 +65,7 @@ bool find_null_key(Node* node, void* raw_context) {
 #endif
 }
 
-PlannedStmt* guarded_planner(Query* parse, const char* query_string, int cursor_options,
-                             ParamListInfo params) {
+void reject_null_keys(Query* parse, ParamListInfo params) {
   // Citus delegates `SELECT f(...)` and `SELECT ... FROM f(...)` with no other relation.
   if (parse->commandType == CMD_SELECT) {
     WalkContext context{params};
@@ -78,9 +77,24 @@ PlannedStmt* guarded_planner(Query* parse, const char* query_string, int cursor_
         (void)find_null_key(reinterpret_cast<Node*>(entry->functions), &context);
     }
   }
+}
+
+#if PG_VERSION_NUM >= 190000  // the planner hook gained the EXPLAIN state
+PlannedStmt* guarded_planner(Query* parse, const char* query_string, int cursor_options,
+                             ParamListInfo params, ExplainState* explain) {
+  reject_null_keys(parse, params);
+  return next_planner != nullptr
+             ? next_planner(parse, query_string, cursor_options, params, explain)
+             : standard_planner(parse, query_string, cursor_options, params, explain);
+}
+#else
+PlannedStmt* guarded_planner(Query* parse, const char* query_string, int cursor_options,
+                             ParamListInfo params) {
+  reject_null_keys(parse, params);
   return next_planner != nullptr ? next_planner(parse, query_string, cursor_options, params)
                                  : standard_planner(parse, query_string, cursor_options, params);
 }
+#endif
 
 }  // namespace
 

@@ -971,7 +971,7 @@ Datum sql_complete_keys(FunctionCallInfo fcinfo) {
 }
 
 // ALTER TYPE ... RENAME VALUE keeps a label's OID under a new name: look the labels up again.
-void forget_result_type(Datum, int, uint32) {
+void forget_result_type(Datum, SyscacheId, uint32) {
   result_type.type = InvalidOid;
   labels.status_type = InvalidOid;
 }

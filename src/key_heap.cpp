@@ -114,7 +114,7 @@ void forget_layout(Datum, Oid relation) {
 
 // ALTER TYPE ... RENAME VALUE keeps a label's OID and changes its name: the cached OIDs of
 // 'processing' and 'completed' must be looked up again (and refused if they are gone).
-void forget_labels(Datum, int, uint32) {
+void forget_labels(Datum, SyscacheId, uint32) {
   ++invalidations;
   layout.table = InvalidOid;
 }
@@ -269,7 +269,9 @@ bool probe(Relation table, Relation primary_key, Snapshot snapshot, Oid owner, t
   ScanKeyInit(&keys[0], 1, BTEqualStrategyNumber, F_OIDEQ, ObjectIdGetDatum(owner));
   ScanKeyInit(&keys[1], 2, BTEqualStrategyNumber, F_TEXTEQ, PointerGetDatum(scope));
   ScanKeyInit(&keys[2], 3, BTEqualStrategyNumber, F_TEXTEQ, PointerGetDatum(key));
-#if PG_VERSION_NUM >= 180000  // index_beginscan gained an instrumentation argument
+#if PG_VERSION_NUM >= 190000  // index_beginscan gained a flags argument
+  IndexScanDesc scan = index_beginscan(table, primary_key, snapshot, nullptr, 3, 0, SO_NONE);
+#elif PG_VERSION_NUM >= 180000  // index_beginscan gained an instrumentation argument
   IndexScanDesc scan = index_beginscan(table, primary_key, snapshot, nullptr, 3, 0);
 #else
   IndexScanDesc scan = index_beginscan(table, primary_key, snapshot, 3, 0);

@@ -30,7 +30,11 @@ const Salt& salt_of(Oid table) {
                       errmsg("key_lock_salt does not exist in the extension's schema"),
                       errhint("Drop and create the extension idempotency again.")));
     Relation relation = table_open(salt_table, AccessShareLock);
+#if PG_VERSION_NUM >= 190000  // table_beginscan gained a flags argument
+    TableScanDesc scan = table_beginscan(relation, GetLatestSnapshot(), 0, nullptr, SO_NONE);
+#else
     TableScanDesc scan = table_beginscan(relation, GetLatestSnapshot(), 0, nullptr);
+#endif
     HeapTuple tuple = heap_getnext(scan, ForwardScanDirection);
     bool is_null = true;
     Datum value = HeapTupleIsValid(tuple)

@@ -119,7 +119,7 @@ PlanCache cache;
 
 // The statements hold the OIDs of the key_status labels they name: ALTER TYPE ... RENAME
 // VALUE must make them parse again (and fail if 'processing' or 'completed' is gone).
-void forget_plans(Datum, int, uint32) {
+void forget_plans(Datum, SyscacheId, uint32) {
   cache.table = InvalidOid;
 }
 

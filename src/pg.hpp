@@ -87,6 +87,17 @@ extern "C" {
 #include "utils/snapmgr.h"
 #include "utils/syscache.h"
 #include "utils/timestamp.h"
+#include "utils/tuplestore.h"
 #include "utils/typcache.h"
 #include "utils/uuid.h"
 }
+
+namespace idem {
+// The cache identifier that a syscache invalidation callback receives: an int up to 18,
+// the SysCacheIdentifier enum from 19 on.
+#if PG_VERSION_NUM >= 190000
+using SyscacheId = SysCacheIdentifier;
+#else
+using SyscacheId = int;
+#endif
+}  // namespace idem

@@ -65,6 +65,12 @@ sub stop_bouncer {
 }
 END { stop_bouncer() if $dir; }
 
+# libpq of 19beta asks for protocol version 3.9999 by default, to test the negotiation
+# ("grease"; to be reverted before 19's RC1), and PgBouncer 1.18 (Debian 12) refuses it
+# ("bad packet header"). psql and pgbench go through PgBouncer with protocol 3.0, what
+# libpq up to 18 asks for anyway (libpq before 18 ignores the variable).
+$ENV{PGMAXPROTOCOLVERSION} = '3.0';
+
 my $user = $node->safe_psql('postgres', 'SELECT current_user');
 sub via_bouncer {
   my ($sql) = @_;

@@ -62,8 +62,9 @@ my $before = $old->safe_psql('shop', q{
 $old->stop;
 
 my $new = PostgreSQL::Test::Cluster->new('new', install_path => $new_path);
-# 18's initdb turns data checksums on by default; pg_upgrade needs both sides alike.
-$new->init($new->pg_version >= 18 ? (extra => ['--no-data-checksums']) : ());
+# 18's initdb turns data checksums on by default; pg_upgrade needs both sides alike, so the
+# new side has them off only when the old side is older than 18.
+$new->init($old->pg_version < 18 && $new->pg_version >= 18 ? (extra => ['--no-data-checksums']) : ());
 $new->append_conf('postgresql.conf', $preload);
 
 my $work = tempdir(CLEANUP => 1);
