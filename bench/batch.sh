@@ -94,44 +94,62 @@ for label, a, b in [("claim_keys_v7 / claim_key_v7", "claim_keys_v7", "claim_key
 PY
 fi
 
-# Single claims of other sessions alone, then while one transaction claims 1,000,000 keys.
-# p99_of LABEL: p99 latency (ms) of 2 clients' single claim_key calls for 8 seconds.
+# Single claims of other sessions alone, then while one transaction claims 1,000,000 keys
+# (and, for comparison, while one transaction INSERTs 1,000,000 rows into a plain table),
+# while it stays open, and after its COMMIT; REPS repetitions, interleaved, medians.
+MILLION="$IDEM_SCRATCH/million.tsv"
+: >"$MILLION"
+# p99_of LABEL: 2 clients' single claim_key calls for 8 seconds; appends "LABEL p99 p50 n".
 p99_of() {
-  local dir="$IDEM_SCRATCH/p99-$1"
+  local dir="$IDEM_SCRATCH/p99-$1-$rep"
   as_pg mkdir -p "$dir"
   as_pg pgbench -n -M prepared -c 2 -j 2 -T 8 -D n=1 -D nkeys="$NKEYS" -f "$HERE/batch/claim_key_v7.sql" \
     -l --log-prefix="$dir/tx" >/dev/null 2>&1 || idem_die "pgbench failed: p99 $1"
   python3 -c "
-import glob, sys
+import glob
 lat = sorted(int(l.split()[2]) for f in glob.glob('$dir/tx*') for l in open(f))
-print(f'{lat[int(0.99 * len(lat))] / 1000:.2f} ms (p50 {lat[len(lat) // 2] / 1000:.2f} ms, {len(lat)} claims)')"
+print(f'$1\t{lat[int(0.99 * len(lat))] / 1000:.3f}\t{lat[len(lat) // 2] / 1000:.3f}\t{len(lat)}')" | tee -a "$MILLION"
 }
-if want million; then
-idem_log "1,000,000 claims in one transaction while other sessions claim ..."
-alone="$(p99_of alone)"
-# big SQL: a transaction that runs SQL, prints 'done', then stays open (idle) for 12 s.
+# big KIND SQL: a transaction that runs SQL, prints 'done', stays open (idle) for 12 s and
+# commits; other sessions' claims are measured while SQL runs, while it is open, and after.
 big() {
-  pg_psql -At -c "BEGIN" -c "$1" -c "SELECT 'done'" -c "SELECT pg_sleep(12)" -c "COMMIT" >"$IDEM_SCRATCH/big.out" 2>&1 &
+  pg_psql -At -c "BEGIN" -c "$2" -c "SELECT 'done'" -c "SELECT pg_sleep(12)" -c "COMMIT" >"$IDEM_SCRATCH/big.out" 2>&1 &
   big_pid=$!
   sleep 2
-  during="$(p99_of "during-$2")"
+  p99_of "during-$1"
   until grep -qx done "$IDEM_SCRATCH/big.out"; do
     kill -0 "$big_pid" 2>/dev/null || { cat "$IDEM_SCRATCH/big.out" >&2; idem_die "the big transaction failed"; }
     sleep 0.5
   done
-  open="$(p99_of "open-$2")"
+  p99_of "open-$1"
   wait "$big_pid" || { cat "$IDEM_SCRATCH/big.out" >&2; idem_die "the big transaction failed"; }
+  p99_of "after-$1"
 }
-big "SELECT count(*) FROM claim_keys(ARRAY(SELECT 'million-' || g FROM generate_series(1, 1000000) g))" claims
-echo "single claim_key of 2 other sessions, p99 (max_locks_per_transaction $(pg_psql -At -c 'SHOW max_locks_per_transaction')):"
-echo "  alone:                                                          $alone"
-echo "  while one transaction claims 1,000,000 keys (claim_keys):       $during"
-echo "  while that transaction is open, its 1,000,000 claims held:      $open"
-big "INSERT INTO floor_keys (owner, scope, key, fingerprint, attempts, ttl, lease, created_at, expires_at, lease_token, locked_until, status, updated_at)
-     SELECT 10, '', 'million-' || g, bench_fp(), 1, '24 hours', '5 minutes', now(), now() + interval '24 hours', gen_uuid_v7(), now() + interval '5 minutes', 'processing', now()
-       FROM generate_series(1, 1000000) g ON CONFLICT (owner, scope, key) DO NOTHING" floor
-echo "  while one transaction inserts 1,000,000 rows (bare INSERT):     $during"
-echo "  while that transaction is open:                                 $open"
+if want million; then
+idem_log "1,000,000 claims in one transaction while other sessions claim ($REPS repetitions) ..."
+for ((rep = 1; rep <= REPS; rep++)); do
+  p99_of alone
+  big claims "SELECT count(*) FROM claim_keys(ARRAY(SELECT 'million-$rep-' || g FROM generate_series(1, 1000000) g))"
+  big floor "INSERT INTO floor_keys (owner, scope, key, fingerprint, attempts, ttl, lease, created_at, expires_at, lease_token, locked_until, status, updated_at)
+     SELECT 10, '', 'million-$rep-' || g, bench_fp(), 1, '24 hours', '5 minutes', now(), now() + interval '24 hours', gen_uuid_v7(), now() + interval '5 minutes', 'processing', now()
+       FROM generate_series(1, 1000000) g ON CONFLICT (owner, scope, key) DO NOTHING"
+done
+echo "single claim_key of 2 other sessions, p99 in ms, medians of $REPS (max_locks_per_transaction $(pg_psql -At -c 'SHOW max_locks_per_transaction')):"
+python3 - "$MILLION" <<'PY'
+import statistics, sys
+runs = {}
+for line in open(sys.argv[1]):
+    label, p99, p50, n = line.split("\t")
+    runs.setdefault(label, []).append(float(p99))
+alone = statistics.median(runs["alone"])
+print(f"  alone                                                       {alone:7.2f}")
+for kind, what in (("claims", "one transaction claims 1,000,000 keys (claim_keys)"),
+                   ("floor", "one transaction INSERTs 1,000,000 rows (bare INSERT)")):
+    for phase, when in (("during", "while " + what), ("open", "  while it stays open"),
+                        ("after", "  after its COMMIT")):
+        p = statistics.median(runs[f"{phase}-{kind}"])
+        print(f"  {when:<58}{p:7.2f}  {p / alone:5.2f}x alone")
+PY
 fi
 
 if want handoff; then
