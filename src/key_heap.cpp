@@ -89,6 +89,10 @@ struct Layout {
   Oid table = InvalidOid;          // InvalidOid: not loaded
   MemoryContext memory = nullptr;  // holds index_info
   Oid primary_key = InvalidOid;
+  // The primary key's columns after owner: (scope, key) as 1.0 made it, (key, scope) since
+  // 1.1, whose descents compare the key first (index column numbers, 1-based).
+  AttrNumber pk_scope = 2;
+  AttrNumber pk_key = 3;
   AttrNumber attnum[kColumnCount] = {};
   Oid processing_label = InvalidOid;
   Oid completed_label = InvalidOid;
@@ -127,13 +131,22 @@ struct LayoutCheck {
   int column = 0;
 };
 
-// The key's identity (owner, scope, key), scope and key compared bytewise.
-bool is_our_primary_key(Relation index, const Layout& l) {
+// The key's identity: owner, then scope and key in either order (1.0: scope first; 1.1: key
+// first), scope and key compared bytewise. Says where scope and key are in the index.
+bool is_our_primary_key(Relation index, const Layout& l, AttrNumber* scope_at = nullptr,
+                        AttrNumber* key_at = nullptr) {
   const Form_pg_index form = index->rd_index;
-  return form->indisprimary && form->indnkeyatts == 3 &&
-         form->indkey.values[0] == l.attnum[kOwner] && form->indkey.values[1] == l.attnum[kScope] &&
-         form->indkey.values[2] == l.attnum[kKey] && index->rd_indcollation[1] == C_COLLATION_OID &&
-         index->rd_indcollation[2] == C_COLLATION_OID;
+  if (!form->indisprimary || form->indnkeyatts != 3 ||
+      form->indkey.values[0] != l.attnum[kOwner] || index->rd_indcollation[1] != C_COLLATION_OID ||
+      index->rd_indcollation[2] != C_COLLATION_OID)
+    return false;
+  const bool scope_first =
+      form->indkey.values[1] == l.attnum[kScope] && form->indkey.values[2] == l.attnum[kKey];
+  const bool key_first =
+      form->indkey.values[1] == l.attnum[kKey] && form->indkey.values[2] == l.attnum[kScope];
+  if (scope_at != nullptr) *scope_at = scope_first ? 2 : 3;
+  if (key_at != nullptr) *key_at = scope_first ? 3 : 2;
+  return scope_first || key_first;
 }
 
 // Fills `l` from the open table.
@@ -180,7 +193,8 @@ LayoutCheck read_layout(Relation table, Layout& l) {
   ListCell* cell = nullptr;
   foreach (cell, indexes) {
     Relation index = index_open(lfirst_oid(cell), AccessShareLock);
-    if (is_our_primary_key(index, l)) l.primary_key = RelationGetRelid(index);
+    if (is_our_primary_key(index, l, &l.pk_scope, &l.pk_key))
+      l.primary_key = RelationGetRelid(index);
     if (l.index_count < kMaxIndexes) {
       MemoryContext old = MemoryContextSwitchTo(l.memory);
       IndexInfo* info = BuildIndexInfo(index);
@@ -265,10 +279,13 @@ ExecutorReason needs_executor(Relation table) {
 // Looks up (owner, scope, key) in the primary key with `snapshot`, leaving the row in `slot`.
 bool probe(Relation table, Relation primary_key, Snapshot snapshot, Oid owner, text* scope,
            text* key, TupleTableSlot* slot) {
+  // In the index's column order, as B-Tree scans require.
   ScanKeyData keys[3];
   ScanKeyInit(&keys[0], 1, BTEqualStrategyNumber, F_OIDEQ, ObjectIdGetDatum(owner));
-  ScanKeyInit(&keys[1], 2, BTEqualStrategyNumber, F_TEXTEQ, PointerGetDatum(scope));
-  ScanKeyInit(&keys[2], 3, BTEqualStrategyNumber, F_TEXTEQ, PointerGetDatum(key));
+  ScanKeyInit(&keys[layout.pk_scope - 1], layout.pk_scope, BTEqualStrategyNumber, F_TEXTEQ,
+              PointerGetDatum(scope));
+  ScanKeyInit(&keys[layout.pk_key - 1], layout.pk_key, BTEqualStrategyNumber, F_TEXTEQ,
+              PointerGetDatum(key));
 #if PG_VERSION_NUM >= 190000  // index_beginscan gained a flags argument
   IndexScanDesc scan = index_beginscan(table, primary_key, snapshot, nullptr, 3, 0, SO_NONE);
 #elif PG_VERSION_NUM >= 180000  // index_beginscan gained an instrumentation argument

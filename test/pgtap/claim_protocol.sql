@@ -49,7 +49,8 @@ SELECT is((SELECT count(*)::int FROM pg_depend d JOIN pg_extension e ON d.refobj
 SELECT ok(NOT has_schema_privilege('public', 'idempotency', 'USAGE'), 'PUBLIC has no USAGE on the schema');
 SELECT ok(has_schema_privilege('pg_monitor', 'idempotency', 'USAGE'), 'pg_monitor has USAGE on the schema');
 SELECT has_table('idempotency', 'idempotency_keys', 'idempotency.idempotency_keys exists');
-SELECT col_is_pk('idempotency', 'idempotency_keys', ARRAY['owner', 'scope', 'key'], 'the primary key is (owner, scope, key)');
+SELECT col_is_pk('idempotency', 'idempotency_keys', ARRAY['owner', 'key', 'scope'],
+                 'the primary key is (owner, key, scope): the identity (owner, scope, key), the key compared first');
 SELECT is((SELECT attname::text FROM pg_attribute WHERE attrelid = 'idempotency.idempotency_keys'::regclass AND attnum = 1),
           'owner', 'owner is the first column');
 SELECT col_type_is('idempotency', 'idempotency_keys', 'owner', 'regrole', 'owner is a regrole');

@@ -52,6 +52,21 @@ my $rows_query = q{
     FROM idempotency.idempotency_keys};
 my $rows_before = $node->safe_psql('upgraded', $rows_query);
 
+# The library serves both orders of the primary key: 1.0's (owner, scope, key) and 1.1's
+# (owner, key, scope). Replays find their rows in the first probe on either, so they write
+# nothing (a probe that missed would insert, find the conflict, and take the tuple back).
+my $replays_wal = q{
+  SET search_path = idempotency;
+  SELECT pg_current_wal_insert_lsn() AS before \gset
+  SELECT count(*) FILTER (WHERE status = 'replay') || ' replays, ' ||
+         pg_wal_lsn_diff(pg_current_wal_insert_lsn(), :'before') || ' WAL bytes'
+    FROM (SELECT (claim_key('done-' || g, request_fingerprint(g::text), 's')).status FROM generate_series(1, 200) g) c;
+};
+is($node->safe_psql('upgraded', q{SELECT pg_get_constraintdef(oid) FROM pg_constraint WHERE conname = 'idempotency_keys_pkey'}),
+  'PRIMARY KEY (owner, scope, key)', "1.0's primary key order");
+is($node->safe_psql('upgraded', $replays_wal, extra_params => [ '-U', 'app1' ]), '200 replays, 0 WAL bytes',
+  "1.0's order: 200 replays, each found by the first probe, write nothing");
+
 $node->safe_psql('upgraded', 'ALTER EXTENSION idempotency UPDATE');
 is($node->safe_psql('upgraded', q{SELECT extversion FROM pg_extension WHERE extname = 'idempotency'}), '1.1',
   'ALTER EXTENSION UPDATE goes to 1.1');
@@ -106,6 +121,10 @@ for my $what (sort keys %catalog) {
 }
 
 is($node->safe_psql('upgraded', $rows_query), $rows_before, 'every key is kept, unchanged (rows and count)');
+is($node->safe_psql('upgraded', q{SELECT pg_get_constraintdef(oid) FROM pg_constraint WHERE conname = 'idempotency_keys_pkey'}),
+  'PRIMARY KEY (owner, key, scope)', "1.1's primary key order after the upgrade");
+is($node->safe_psql('upgraded', $replays_wal, extra_params => [ '-U', 'app1' ]), '200 replays, 0 WAL bytes',
+  "1.1's order: 200 replays, each found by the first probe, write nothing");
 like($rows_before, qr/ 500$/, 'of 500 keys made with 1.0');
 
 # Behaviour after the upgrade: the old keys answer as before, the new functions work on
