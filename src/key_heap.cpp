@@ -136,9 +136,8 @@ struct LayoutCheck {
 bool is_our_primary_key(Relation index, const Layout& l, AttrNumber* scope_at = nullptr,
                         AttrNumber* key_at = nullptr) {
   const Form_pg_index form = index->rd_index;
-  if (!form->indisprimary || form->indnkeyatts != 3 ||
-      form->indkey.values[0] != l.attnum[kOwner] || index->rd_indcollation[1] != C_COLLATION_OID ||
-      index->rd_indcollation[2] != C_COLLATION_OID)
+  if (!form->indisprimary || form->indnkeyatts != 3 || form->indkey.values[0] != l.attnum[kOwner] ||
+      index->rd_indcollation[1] != C_COLLATION_OID || index->rd_indcollation[2] != C_COLLATION_OID)
     return false;
   const bool scope_first =
       form->indkey.values[1] == l.attnum[kScope] && form->indkey.values[2] == l.attnum[kKey];
