@@ -2,7 +2,8 @@
 # Suite: release metadata and the Debian package.
 #   - the version is written once (idempotency.control's default_version): META.json,
 #     its provides section, the extension script name and debian/changelog agree with it
-#   - META.json follows the PGXN meta spec 1.0.0 (required keys, semantic versions)
+#   - META.json follows the PGXN meta spec 1.0.0 (required keys, semantic versions) and
+#     names the PostgreSQL majors of debian/pgversions
 #   - debian/control is current with debian/control.in (pg_buildext checkcontrol)
 #   - dpkg-buildpackage -us -uc -b builds postgresql-15-idempotency from a copy of the
 #     working tree (a git repository of its own, as a clone is) and leaves `git status`
@@ -57,6 +58,9 @@ done
 same "META.json has every key the PGXN spec requires" "" "$missing"
 same "META.json meta-spec version" "1.0.0" "$(meta meta-spec.version)"
 same "META.json name is the extension name" "idempotency" "$(meta name)"
+same "META.json's PostgreSQL range is the majors of debian/pgversions" \
+  ">= $(sort -n debian/pgversions | head -1).0.0, < $(($(sort -n debian/pgversions | tail -1) + 1)).0.0" \
+  "$(meta prereqs.runtime.requires.PostgreSQL)"
 DEB_VERSION="$(dpkg-parsechangelog -S Version)"
 same "debian/changelog upstream version matches the control file" "$VERSION" "${DEB_VERSION%-*}"
 check "debian/control is current with control.in (pg_buildext checkcontrol)" \
