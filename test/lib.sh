@@ -180,6 +180,21 @@ idem_pg_can_reach() {
   if idem_is_root; then runuser -u postgres -- test -x "$1" 2>/dev/null; else test -x "$1"; fi
 }
 
+# idem_count_run LOG: adds the last "N passed, N failed" line of a run's LOG to the suite's
+# PASSED and FAILED; a run that printed none counts as one failure.
+idem_count_run() {
+  local line p f
+  line="$(grep -E '^[0-9]+ passed, [0-9]+ failed$' "$1" | tail -1)"
+  if [[ -z $line ]]; then
+    echo "not ok - the run printed no summary (see $1)"
+    FAILED=$((FAILED + 1))
+    return
+  fi
+  read -r p _ f _ <<<"$line"
+  PASSED=$((PASSED + p))
+  FAILED=$((FAILED + f))
+}
+
 # A scratch directory owned by the postgres user: project-local .test-run/run-<pid> when
 # postgres can reach the project, else /tmp/idempotency-test-<uid>/run-<pid>. Copies
 # sql/, expected/ and test/ into $IDEM_SRC ($IDEM_SCRATCH/src), where every suite reads

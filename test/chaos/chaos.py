@@ -910,22 +910,30 @@ def run_main(args):
                 batch_balances = dict(c.execute("SELECT id, balance FROM batch_accounts").fetchall())
                 batch_applied = dict(c.execute("SELECT msg, count(*) FROM batch_applied GROUP BY msg").fetchall())
 
-        expected = collections.defaultdict(D)
-        for m in inbox_msgs:
-            expected[m["acct"]] += D(m["a"])
-        debited = {a: D("1000000000.00") - balances[a] for a in balances}
-        total_expected_debit = sum(expected.values(), D(0))
-        total_debited = sum(debited.values(), D(0))
+        def check_applied(label, pattern_msgs, balances, applied_counts):
+            """A pattern that debits accounts and records each application: every account's
+            debit to the cent, and each message applied exactly once. Returns (debited,
+            expected, messages applied twice, whether some account's debit is off)."""
+            expected = collections.defaultdict(D)
+            for m in pattern_msgs:
+                expected[m["acct"]] += D(m["a"])
+            debited = {a: D("1000000000.00") - balances[a] for a in balances}
+            total_expected = sum(expected.values(), D(0))
+            total_debited = sum(debited.values(), D(0))
+            debit_off = any(debited[a] != expected.get(a, D(0)) for a in debited)
+            check(not debit_off,
+                  "%s: every account's debit equals the sum of its unique messages to the cent "
+                  "(%s debited, %s expected)" % (label, total_debited, total_expected))
+            double = sum(1 for m in pattern_msgs if applied_counts.get(m["m"], 0) > 1)
+            missing = sum(1 for m in pattern_msgs if applied_counts.get(m["m"], 0) == 0)
+            check(double == 0 and missing == 0 and len(applied_counts) == len(pattern_msgs),
+                  "%s: each of %d messages applied exactly once (double %d, missing %d)"
+                  % (label, len(pattern_msgs), double, missing))
+            return total_debited, total_expected, double, debit_off
+
         check(bad == [], "consumers saw nothing unexpected%s" % ("" if not bad else ": " + "; ".join(bad[:5])))
-        check(all(debited[a] == expected.get(a, D(0)) for a in debited),
-              "inbox: every account's debit equals the sum of its unique messages to the cent "
-              "(%s debited, %s expected)" % (total_debited, total_expected_debit))
-        applied_counts = dict(applied)
-        inbox_double = sum(1 for m in inbox_msgs if applied_counts.get(m["m"], 0) > 1)
-        inbox_missing = sum(1 for m in inbox_msgs if applied_counts.get(m["m"], 0) == 0)
-        check(inbox_double == 0 and inbox_missing == 0 and len(applied_counts) == len(inbox_msgs),
-              "inbox: each of %d messages applied exactly once (double %d, missing %d)"
-              % (len(inbox_msgs), inbox_double, inbox_missing))
+        total_debited, total_expected_debit, inbox_double, inbox_debit_off = check_applied(
+            "inbox", inbox_msgs, balances, dict(applied))
 
         done_counts = dict(done)
         tp_double = sum(1 for m in tp_msgs if done_counts.get(m["m"], 0) > 1)
@@ -934,24 +942,11 @@ def run_main(args):
               "two-phase: each of %d messages completed exactly once (by two claims: %d, never: %d)"
               % (len(tp_msgs), tp_double, tp_missing))
 
-        batch_double = batch_missing = 0
+        batch_double = 0
         batch_debit_off = False
         if batch_msgs:
-            batch_expected = collections.defaultdict(D)
-            for m in batch_msgs:
-                batch_expected[m["acct"]] += D(m["a"])
-            batch_debited = {a: D("1000000000.00") - batch_balances[a] for a in batch_balances}
-            batch_total_expected = sum(batch_expected.values(), D(0))
-            batch_total_debited = sum(batch_debited.values(), D(0))
-            batch_debit_off = any(batch_debited[a] != batch_expected.get(a, D(0)) for a in batch_debited)
-            check(not batch_debit_off,
-                  "batch: every account's debit equals the sum of its unique messages to the cent "
-                  "(%s debited, %s expected)" % (batch_total_debited, batch_total_expected))
-            batch_double = sum(1 for m in batch_msgs if batch_applied.get(m["m"], 0) > 1)
-            batch_missing = sum(1 for m in batch_msgs if batch_applied.get(m["m"], 0) == 0)
-            check(batch_double == 0 and batch_missing == 0 and len(batch_applied) == len(batch_msgs),
-                  "batch: each of %d messages applied exactly once (double %d, missing %d)"
-                  % (len(batch_msgs), batch_double, batch_missing))
+            batch_total_debited, batch_total_expected, batch_double, batch_debit_off = check_applied(
+                "batch", batch_msgs, batch_balances, batch_applied)
             batch_kills = collections.Counter(ph for _, p, ph in kills if p == "batch" and ph in BATCH_PHASES)
             check(sum(batch_kills.values()) > 0 or args.max_kills == 0,
                   "batch: consumers killed inside the batch transaction: %d %s"
@@ -1020,7 +1015,7 @@ def run_main(args):
 
         valgrind_checks(check, workdir)
 
-        double_effects = inbox_double + tp_double + len(unexplained) + (total_debited - total_expected_debit != 0)
+        double_effects = inbox_double + tp_double + len(unexplained) + inbox_debit_off
         double_effects += batch_double + batch_debit_off
         print("#")
         print("# figures (%s%s, seed %s, %.1f s)" % ("through PgBouncer, " if args.pgbouncer else

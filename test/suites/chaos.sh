@@ -22,26 +22,13 @@ PASSED=0
 FAILED=0
 CHAOS="$IDEM_ROOT/test/chaos/chaos.py"
 
-count_run() { # LOG: add the run's own "N passed, N failed" line
-  local line p f
-  line="$(grep -E '^[0-9]+ passed, [0-9]+ failed$' "$1" | tail -1)"
-  if [[ -z $line ]]; then
-    echo "not ok - the run printed no summary (see $1)"
-    FAILED=$((FAILED + 1))
-    return
-  fi
-  read -r p _ f _ <<<"$line"
-  PASSED=$((PASSED + p))
-  FAILED=$((FAILED + f))
-}
-
 run_chaos() { # NAME ARGS...
   local name="$1" dir="$IDEM_SCRATCH/$1"
   shift
   mkdir -p "$dir"
   echo "## $name: chaos.py run $*"
   /usr/bin/python3 "$CHAOS" run --workdir "$dir" "$@" 2>&1 | tee "$dir.log" | grep -v '^ok - '
-  count_run "$dir.log"
+  idem_count_run "$dir.log"
 }
 
 run_chaos direct --port 5470 --messages 500 --consumers 8 --crashes 1 --timeout 300

@@ -43,21 +43,9 @@ pg_psql "${coordinator[@]}" -c 'CREATE ROLE citus_app LOGIN' -c 'CREATE ROLE cit
 
 PASSED=0
 FAILED=0
-count() { # LOG: add the "N passed, N failed" line of a run (none: one failure)
-  local line p f
-  line="$(grep -E '^[0-9]+ passed, [0-9]+ failed$' "$1" | tail -1)"
-  if [[ -z $line ]]; then
-    echo "not ok - the run printed no summary (see $1)"
-    FAILED=$((FAILED + 1))
-    return
-  fi
-  read -r p _ f _ <<<"$line"
-  PASSED=$((PASSED + p))
-  FAILED=$((FAILED + f))
-}
 
 /usr/bin/python3 "$IDEM_SRC/test/citus/check.py" "${dsns[@]}" 2>&1 | tee "$IDEM_SCRATCH/check.log" | grep -v -E '^[0-9]+ passed'
-count "$IDEM_SCRATCH/check.log"
+idem_count_run "$IDEM_SCRATCH/check.log"
 # No node crashed.
 crashed=0
 for port in "${ports[@]}"; do
@@ -80,7 +68,7 @@ echo "## chaos.py run --citus --patterns inbox,2pc,batch --messages 300 --crashe
 chaos chaos-citus --patterns inbox,2pc,batch --batch-kill-rate 0.3 --messages 300 --consumers 8 --crashes 2 --timeout 120
 grep -v '^ok - ' "$IDEM_SCRATCH/chaos-citus.log" | grep -v -E '^[0-9]+ passed'
 grep '^ok - ' "$IDEM_SCRATCH/chaos-citus.log"
-count "$IDEM_SCRATCH/chaos-citus.log"
+idem_count_run "$IDEM_SCRATCH/chaos-citus.log"
 # Self-test: on Citus too, the harness catches a consumer that applies an effect on replay.
 chaos sabotage-citus --messages 80 --kill-rate 0.2 --crashes 0 --tampered 0 --sabotage debit-on-replay
 if grep -q "^not ok - inbox: every account's debit" "$IDEM_SCRATCH/sabotage-citus.log"; then

@@ -18,35 +18,29 @@ cd "$IDEM_ROOT"
 
 MD=(README.md CONTRIBUTING.md CHANGELOG.md SECURITY.md examples/README.md docs/*.md)
 TOOL="$IDEM_ROOT/test/docs/mdblocks.py"
-passed=0 failed=0
-count() { # LOG: add its "N passed, N failed" line
-  local p f
-  read -r p _ f _ < <(grep -E '^[0-9]+ passed, [0-9]+ failed$' "$1" | tail -1)
-  passed=$((passed + ${p:-0}))
-  failed=$((failed + ${f:-1}))
-}
+PASSED=0 FAILED=0
 
 /usr/bin/python3 "$TOOL" static "${MD[@]}" | tee "$IDEM_SCRATCH/static.log"
-count "$IDEM_SCRATCH/static.log"
+idem_count_run "$IDEM_SCRATCH/static.log"
 
 port="$(idem_free_port 5490 5499)" || idem_die "no free port in 5490-5499"
 # A server as users have it: its search_path does not name the extension's schema.
 cluster_start "$IDEM_SCRATCH/pg" "$port" "search_path = '\"\$user\", public'" ||
   idem_die "could not start a server"
 /usr/bin/python3 "$TOOL" check "${MD[@]}" | tee "$IDEM_SCRATCH/check.log"
-count "$IDEM_SCRATCH/check.log"
+idem_count_run "$IDEM_SCRATCH/check.log"
 
 echo "# self-test: README.md with its first output block changed"
 /usr/bin/python3 "$TOOL" check README.md --mutate-first-output >"$IDEM_SCRATCH/mutated.log" 2>&1
 if [[ $(grep -c '^not ok' "$IDEM_SCRATCH/mutated.log") == 1 ]] &&
   grep -qE '^[0-9]+ passed, 1 failed$' "$IDEM_SCRATCH/mutated.log"; then
   echo "ok - an edited output block makes the suite fail"
-  passed=$((passed + 1))
+  PASSED=$((PASSED + 1))
 else
   sed 's/^/    | /' "$IDEM_SCRATCH/mutated.log"
   echo "not ok - an edited output block went unnoticed"
-  failed=$((failed + 1))
+  FAILED=$((FAILED + 1))
 fi
 
-echo "${passed} passed, ${failed} failed"
-((failed == 0))
+echo "${PASSED} passed, ${FAILED} failed"
+((FAILED == 0))
