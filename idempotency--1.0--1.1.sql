@@ -9,9 +9,16 @@
 -- walking over the scope (about half the comparison cost, an eighth of a new-key claim's
 -- instructions). The identity is the same (owner, scope, key). Rebuilding the index holds
 -- the table's ACCESS EXCLUSIVE lock for as long as the build takes (seconds per million keys).
-ALTER TABLE @extschema@.idempotency_keys
-  DROP CONSTRAINT idempotency_keys_pkey,
-  ADD CONSTRAINT idempotency_keys_pkey PRIMARY KEY (owner, key, scope);
+-- Two statements, each run by EXECUTE: Citus refuses ADD CONSTRAINT beside another
+-- subcommand on a distributed table, and passes a DDL statement on to the shards as the text
+-- of the statement, which must be that statement alone, not this whole script.
+DO $$
+BEGIN
+  EXECUTE 'ALTER TABLE @extschema@.idempotency_keys DROP CONSTRAINT idempotency_keys_pkey';
+  EXECUTE 'ALTER TABLE @extschema@.idempotency_keys '
+          'ADD CONSTRAINT idempotency_keys_pkey PRIMARY KEY (owner, key, scope)';
+END
+$$;
 
 -- One row per element of keys, in input order: the element's ordinality (1-based), its key
 -- and the fields of claim_result. Each key is claimed as claim_key would claim it with

@@ -5,7 +5,8 @@
 # keys, NULL keys), and the cleanup worker of each node deleting expired keys from its own
 # shards (test/citus/check.py), batches through the coordinator; then the chaos harness
 # against its own cluster (consumer kills, a worker and the coordinator crashed; a sabotaged
-# consumer must be caught). Runs when Citus is installed for the server under test
+# consumer must be caught); then ALTER EXTENSION UPDATE from 1.0 on a cluster of its own
+# (ports 5487-5489). Runs when Citus is installed for the server under test
 # (CONTRIBUTING.md says how to build it); otherwise it says so and counts nothing.
 # Ends with "N passed, N failed".
 set -uo pipefail
@@ -20,23 +21,28 @@ if [[ ! -f "$("$IDEM_PG_CONFIG" --pkglibdir)/citus.so" ]]; then
   exit 0
 fi
 
+# citus_cluster COORDINATOR_PORT WORKER_PORT WORKER_PORT: three servers, Citus created on each,
+# the workers added to the coordinator.
+citus_cluster() {
+  local port dir
+  for port in "$@"; do
+    dir="$IDEM_SCRATCH/citus-$port"
+    cluster_start "$dir" "$port" \
+      "listen_addresses = '127.0.0.1'" \
+      "shared_preload_libraries = 'citus,idempotency'" \
+      "idempotency.cleanup_interval = '1s'" \
+      "max_prepared_transactions = 20" >/dev/null || return 1
+    pg_psql -h "$dir" -p "$port" -c 'CREATE EXTENSION citus' >/dev/null || return 1
+  done
+  pg_psql -h 127.0.0.1 -p "$1" -c "SELECT citus_set_coordinator_host('127.0.0.1', $1)" \
+    -c "SELECT citus_add_node('127.0.0.1', $2)" -c "SELECT citus_add_node('127.0.0.1', $3)" >/dev/null
+}
+
 ports=(5481 5482 5483)
 dsns=()
-for port in "${ports[@]}"; do
-  dir="$IDEM_SCRATCH/citus-$port"
-  cluster_start "$dir" "$port" \
-    "listen_addresses = '127.0.0.1'" \
-    "shared_preload_libraries = 'citus,idempotency'" \
-    "idempotency.cleanup_interval = '1s'" \
-    "max_prepared_transactions = 20" || { echo "1 passed, 1 failed"; exit 1; }
-  pg_psql -h "$dir" -p "$port" -c 'CREATE EXTENSION citus' >/dev/null || exit 1
-  dsns+=("host=127.0.0.1 port=$port user=postgres dbname=postgres")
-done
-
+for port in "${ports[@]}"; do dsns+=("host=127.0.0.1 port=$port user=postgres dbname=postgres"); done
+citus_cluster "${ports[@]}" || { echo "0 passed, 1 failed"; exit 1; }
 coordinator=(-h 127.0.0.1 -p "${ports[0]}")
-pg_psql "${coordinator[@]}" -c "SELECT citus_set_coordinator_host('127.0.0.1', ${ports[0]})" \
-  -c "SELECT citus_add_node('127.0.0.1', ${ports[1]})" \
-  -c "SELECT citus_add_node('127.0.0.1', ${ports[2]})" >/dev/null || exit 1
 pg_psql "${coordinator[@]}" -f "$IDEM_SRC/test/citus/setup.sql" >/dev/null || exit 1
 pg_psql "${coordinator[@]}" -c 'CREATE ROLE citus_app LOGIN' -c 'CREATE ROLE citus_other LOGIN' \
   -c 'GRANT USAGE ON SCHEMA idempotency TO citus_app, citus_other' >/dev/null || exit 1
@@ -76,6 +82,36 @@ if grep -q "^not ok - inbox: every account's debit" "$IDEM_SCRATCH/sabotage-citu
   PASSED=$((PASSED + 1))
 else
   echo "not ok - self-test on Citus: sabotage 'debit-on-replay' went unnoticed (see $IDEM_SCRATCH/sabotage-citus.log)"
+  FAILED=$((FAILED + 1))
+fi
+
+# ALTER EXTENSION UPDATE from 1.0 on a cluster whose key table is distributed: 1.1 rebuilds
+# the primary key, which Citus must carry to every shard (its own cluster, ports 5487-5489).
+upgrade=(-h 127.0.0.1 -p 5487)
+if citus_cluster 5487 5488 5489 &&
+  pg_psql "${upgrade[@]}" -c "CREATE EXTENSION idempotency VERSION '1.0'" \
+    -c "SELECT create_distributed_table('idempotency.idempotency_keys', 'key')" \
+    -c "SELECT create_distributed_function('idempotency.claim_key(text,bytea,text,interval,interval,interval)', '\$1',
+          colocate_with := 'idempotency.idempotency_keys', force_delegation := true)" \
+    -c "SELECT count((idempotency.claim_key('up-' || g)).status) FROM generate_series(1, 50) g" \
+    -c "ALTER EXTENSION idempotency UPDATE" >/dev/null; then
+  answer="$(pg_psql "${upgrade[@]}" -At -F ' ' \
+    -c "SELECT extversion FROM pg_extension WHERE extname = 'idempotency'" \
+    -c "SELECT count(*) FROM idempotency.idempotency_keys" \
+    -c "SELECT DISTINCT result FROM run_command_on_shards('idempotency.idempotency_keys',
+          \$\$SELECT pg_get_constraintdef(oid) FROM pg_constraint WHERE conrelid = '%s'::regclass AND contype = 'p'\$\$)" \
+    -c "SELECT string_agg(status || ':' || n, ',' ORDER BY status) FROM (SELECT status::text, count(*) AS n
+          FROM (SELECT (idempotency.claim_key('up-' || g)).status FROM generate_series(1, 60) g) c GROUP BY 1) s" |
+    tr '\n' '|')"
+else
+  answer="the update failed"
+fi
+expected='1.1|50|PRIMARY KEY (owner, key, scope)|claimed:10,in_progress:50|'
+if [[ $answer == "$expected" ]]; then
+  echo "ok - ALTER EXTENSION UPDATE from 1.0 on Citus: 1.1, 50 keys kept, every shard's primary key rebuilt, claims answer"
+  PASSED=$((PASSED + 1))
+else
+  echo "not ok - ALTER EXTENSION UPDATE from 1.0 on Citus (expected '$expected', got '$answer')"
   FAILED=$((FAILED + 1))
 fi
 
