@@ -2,6 +2,7 @@
 #include "key_wait.hpp"
 
 #include "pg_boundary.hpp"
+#include "shared_memory.hpp"
 
 namespace idem::key_wait {
 namespace {
@@ -14,28 +15,13 @@ struct SharedSlots {
   ConditionVariable variables[kSlots];
 };
 SharedSlots* shared = nullptr;
-shmem_request_hook_type previous_request_hook = nullptr;
-shmem_startup_hook_type previous_startup_hook = nullptr;
 
 // The slots this transaction wrote keys of.
 uint64 touched_slots[kSlots / 64];
 bool any_touched = false;
 
-void request_memory() {
-  if (previous_request_hook) previous_request_hook();
-  RequestAddinShmemSpace(MAXALIGN(sizeof(SharedSlots)));
-}
-
-void attach_memory() {
-  if (previous_startup_hook) previous_startup_hook();
-  LWLockAcquire(AddinShmemInitLock, LW_EXCLUSIVE);
-  bool found = false;
-  auto* slots = static_cast<SharedSlots*>(
-      ShmemInitStruct("idempotency key waits", sizeof(SharedSlots), &found));
-  if (!found)
-    for (ConditionVariable& variable : slots->variables) ConditionVariableInit(&variable);
-  LWLockRelease(AddinShmemInitLock);
-  shared = slots;
+void initialize(SharedSlots* slots) {
+  for (ConditionVariable& variable : slots->variables) ConditionVariableInit(&variable);
 }
 
 void forget_touched() {
@@ -69,10 +55,7 @@ void wake_waiters(XactEvent event, void*) {
 }  // namespace
 
 void install_shared_memory_hooks() {
-  previous_request_hook = shmem_request_hook;
-  shmem_request_hook = request_memory;
-  previous_startup_hook = shmem_startup_hook;
-  shmem_startup_hook = attach_memory;
+  shared_memory::reserve("idempotency key waits", &shared, initialize);
 }
 
 void on_load() {

@@ -4,6 +4,7 @@
 #include "stats.hpp"
 
 #include "pg_boundary.hpp"
+#include "shared_memory.hpp"
 
 namespace idem::stats {
 namespace {
@@ -29,34 +30,18 @@ struct SharedStats {
 
 SharedStats* shared = nullptr;
 DatabaseSlot* my_slot = nullptr;  // this backend's database
-shmem_request_hook_type previous_request_hook = nullptr;
-shmem_startup_hook_type previous_startup_hook = nullptr;
-
-void request_memory() {
-  if (previous_request_hook) previous_request_hook();
-  RequestAddinShmemSpace(MAXALIGN(sizeof(SharedStats)));
-}
-
-void attach_memory() {
-  if (previous_startup_hook) previous_startup_hook();
-  LWLockAcquire(AddinShmemInitLock, LW_EXCLUSIVE);
-  bool found = false;
-  shared = static_cast<SharedStats*>(
-      ShmemInitStruct("idempotency statistics", sizeof(SharedStats), &found));
-  if (!found) {
-    SpinLockInit(&shared->mutex);
-    shared->started = GetCurrentTimestamp();
-    for (DatabaseSlot& slot : shared->slots) {
-      slot.database = InvalidOid;
-      for (pg_atomic_uint64& counter : slot.counters) pg_atomic_init_u64(&counter, 0);
-      slot.last_cleanup = 0;
-      slot.last_cleanup_deleted = 0;
-      slot.unfinished = false;
-      slot.resume_from = DT_NOBEGIN;
-      slot.last_error[0] = '\0';
-    }
+void initialize(SharedStats* stats) {
+  SpinLockInit(&stats->mutex);
+  stats->started = GetCurrentTimestamp();
+  for (DatabaseSlot& slot : stats->slots) {
+    slot.database = InvalidOid;
+    for (pg_atomic_uint64& counter : slot.counters) pg_atomic_init_u64(&counter, 0);
+    slot.last_cleanup = 0;
+    slot.last_cleanup_deleted = 0;
+    slot.unfinished = false;
+    slot.resume_from = DT_NOBEGIN;
+    slot.last_error[0] = '\0';
   }
-  LWLockRelease(AddinShmemInitLock);
 }
 
 // The slot of a database, taken on first use; nullptr when the table is full.
@@ -82,10 +67,7 @@ DatabaseSlot* slot_of(Oid database) {
 }  // namespace
 
 void install_shared_memory_hooks() {
-  previous_request_hook = shmem_request_hook;
-  shmem_request_hook = request_memory;
-  previous_startup_hook = shmem_startup_hook;
-  shmem_startup_hook = attach_memory;
+  shared_memory::reserve("idempotency statistics", &shared, initialize);
 }
 
 bool available() {
