@@ -195,6 +195,19 @@ idem_count_run() {
   FAILED=$((FAILED + f))
 }
 
+# idem_count_caught LOG PATTERN SABOTAGE: a harness self-test passes when the run with
+# SABOTAGE printed "not ok - PATTERN..." in LOG (the harness noticed); counts it in PASSED
+# or FAILED.
+idem_count_caught() {
+  if grep -q "^not ok - $2" "$1"; then
+    echo "ok - self-test: sabotage '$3' is caught ($2)"
+    PASSED=$((PASSED + 1))
+  else
+    echo "not ok - self-test: sabotage '$3' went unnoticed (see $1)"
+    FAILED=$((FAILED + 1))
+  fi
+}
+
 # A scratch directory owned by the postgres user: project-local .test-run/run-<pid> when
 # postgres can reach the project, else /tmp/idempotency-test-<uid>/run-<pid>. Copies
 # sql/, expected/ and test/ into $IDEM_SRC ($IDEM_SCRATCH/src), where every suite reads

@@ -346,7 +346,7 @@ suite_tap() {
     rc=0
     # What PostgreSQL's own `make check` (prove_check) sets for Cluster.pm in PG 15.
     run_child "$testdir/prove.log" as_pg env \
-      PERL5LIB="$IDEM_PERL_TEST_LIB${PERL5LIB:+:$PERL5LIB}" \
+      PERL5LIB="$IDEM_SRC/test/t:$IDEM_PERL_TEST_LIB${PERL5LIB:+:$PERL5LIB}" \
       PG_REGRESS="$IDEM_PG_REGRESS" \
       TESTDIR="$testdir" TESTDATADIR="$testdir/tmp_check" \
       TEMP_CONFIG="$IDEM_SRC/test/regress.conf" \

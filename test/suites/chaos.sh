@@ -41,13 +41,7 @@ expect_caught() { # NAME SABOTAGE PATTERN [CHAOS.PY OPTIONS...]
   mkdir -p "$dir"
   /usr/bin/python3 "$CHAOS" run --workdir "$dir" --port 5475 --messages 80 --kill-rate 0.2 \
     --crashes 0 --tampered 0 --sabotage "$2" "${@:4}" >"$dir.log" 2>&1
-  if grep -q "^not ok - $3" "$dir.log"; then
-    echo "ok - self-test: sabotage '$2' is caught ($3)"
-    PASSED=$((PASSED + 1))
-  else
-    echo "not ok - self-test: sabotage '$2' went unnoticed (see $dir.log)"
-    FAILED=$((FAILED + 1))
-  fi
+  idem_count_caught "$dir.log" "$3" "$2"
 }
 expect_caught sabotage-inbox debit-on-replay "inbox: every account's debit"
 expect_caught sabotage-2pc ignore-recovery-point "two-phase: an external call is repeated"

@@ -17,6 +17,7 @@ use warnings;
 use PostgreSQL::Test::Cluster;
 use PostgreSQL::Test::Utils;
 use Test::More;
+use IdemSecurity;
 
 my $node = PostgreSQL::Test::Cluster->new('security_worker');
 $node->init;
@@ -36,14 +37,8 @@ sub psql_as {
   return $node->safe_psql($db, $sql, extra_params => [ '-U', $role ]);
 }
 
-sub attributes {
-  my ($role) = @_;
-  return $node->safe_psql('postgres', qq{
-    SELECT format('super=%s createrole=%s createdb=%s replication=%s bypassrls=%s',
-                  rolsuper, rolcreaterole, rolcreatedb, rolreplication, rolbypassrls)
-      FROM pg_roles WHERE rolname = '$role'});
-}
-my $plain = 'super=f createrole=f createdb=f replication=f bypassrls=f';
+sub attributes { return role_attributes($node, $_[0]); }
+my $plain = $NO_ATTRIBUTES;
 
 sub stat_of {
   my ($db, $column) = @_;

@@ -15,6 +15,7 @@ use warnings;
 use PostgreSQL::Test::Cluster;
 use PostgreSQL::Test::Utils;
 use Test::More;
+use IdemSecurity;
 
 my $node = PostgreSQL::Test::Cluster->new('security_install');
 $node->init;
@@ -39,14 +40,8 @@ sub try_as {
   return $node->psql($db, $sql, extra_params => [ '-U', $role, '-v', 'VERBOSITY=verbose' ]);
 }
 
-sub attributes {
-  my ($role) = @_;
-  return $node->safe_psql('postgres', qq{
-    SELECT format('super=%s createrole=%s createdb=%s replication=%s bypassrls=%s',
-                  rolsuper, rolcreaterole, rolcreatedb, rolreplication, rolbypassrls)
-      FROM pg_roles WHERE rolname = '$role'});
-}
-my $plain = 'super=f createrole=f createdb=f replication=f bypassrls=f';
+sub attributes { return role_attributes($node, $_[0]); }
+my $plain = $NO_ATTRIBUTES;
 
 # Every object outside the system schemas: a refused CREATE EXTENSION must leave this as it
 # was.
