@@ -65,6 +65,18 @@ struct KeyName {
   }
 };
 
+// Who calls: the role (current_user) and its name, which is what the table stores as the
+// key's owner (caller::name_of).
+struct Caller {
+  Oid role;
+  text* name;
+};
+
+Caller calling(const char* function_name) {
+  const Oid role = caller::calling_role(function_name);
+  return {role, caller::name_of(role)};
+}
+
 text* text_argument(FunctionCallInfo fcinfo, int n) {
   return pg_call([&] { return PG_GETARG_TEXT_PP(n); });
 }
@@ -447,14 +459,14 @@ struct ClaimRequest {
   Interval ttl{};
   Interval lease{};
   TimestampTz deadline = 0;  // of waiting
-  Oid caller = InvalidOid;
+  Caller caller{InvalidOid, nullptr};
   Oid table = InvalidOid;
 };
 
 key_store::ClaimValues claim_values(const ClaimRequest& request, TimestampTz now,
                                     TimestampTz* ttl_expiry) {
   key_store::ClaimValues values{};
-  values.owner = request.caller;
+  values.owner = request.caller.name;
   values.fingerprint = request.fingerprint;
   values.token = *uuid_v7::generate();
   values.now = now;
@@ -488,14 +500,14 @@ ClaimResult claim(Session& store, const ClaimRequest& request) {
   const KeyName& name = request.name;
   int retries_without_sleep = 0;
   // Waiting (wait > 0) sleeps until a transaction that wrote this key ends (key_wait.hpp).
-  key_wait::Waiter waiter(name.wait_slot(request.caller), request.deadline > GetCurrentTimestamp());
+  key_wait::Waiter waiter(name.wait_slot(request.caller.role), request.deadline > GetCurrentTimestamp());
   for (bool first_look = true;; first_look = false) {
     waiter.prepare();  // before looking: a holder that ends after the look wakes us
     TimestampTz now = GetCurrentTimestamp();
     bool known_absent = false;
     std::optional<KeyRow> row =
-        first_look ? store.peek(request.caller, name.scope, name.key, &known_absent)
-                   : store.find(request.caller, name.scope, name.key);
+        first_look ? store.peek(request.caller.name, name.scope, name.key, &known_absent)
+                   : store.find(request.caller.name, name.scope, name.key);
     Verdict verdict = judge(row, request.fingerprint, now);
     switch (verdict) {
       case Verdict::kMismatch:
@@ -514,7 +526,7 @@ ClaimResult claim(Session& store, const ClaimRequest& request) {
 
     TimestampTz ttl_expiry = 0;
     key_lock::Outcome lock = key_lock::Outcome::kAlreadyHeld;  // none taken
-    const key_lock::KeyIdentity identity = name.identity(request.table, request.caller);
+    const key_lock::KeyIdentity identity = name.identity(request.table, request.caller.role);
     if (verdict == Verdict::kAbsent) {
       key_store::ClaimValues values = claim_values(request, now, &ttl_expiry);
       key_store::RowAddress where{};
@@ -532,7 +544,7 @@ ClaimResult claim(Session& store, const ClaimRequest& request) {
       }
       if (inserted == Session::Insert::kInserted)
         return claimed_answer(Status::kClaimed, values, ttl_expiry, where, 1, nullptr, now,
-                              request.fingerprint, name.wait_slot(request.caller));
+                              request.fingerprint, name.wait_slot(request.caller.role));
       if (inserted == Session::Insert::kBusy) {
         // A claim of this key is in a transaction that is still open.
         if (now >= request.deadline) return in_progress(USECS_PER_SEC);
@@ -540,26 +552,22 @@ ClaimResult claim(Session& store, const ClaimRequest& request) {
         continue;
       }
       // A claim committed between our read and our insert; decide again from its row.
-    } else if (std::optional<KeyRow> locked = store.lock(request.caller, name.scope, name.key)) {
+    } else if (std::optional<KeyRow> locked = store.lock(request.caller.name, name.scope, name.key)) {
       // An existing row is taken over under its row lock (FOR UPDATE SKIP LOCKED): a
       // transaction that holds it makes us skip it, never wait, and no per-key lock is needed.
       Verdict current = judge(locked, request.fingerprint, now);
-      // The row's owner, not the caller's OID: under Citus the row is on the node of its
-      // shard, which may name the role by another OID (key_store.hpp, owner_on_node).
       if (current == Verdict::kExpired) {
         key_store::ClaimValues values = claim_values(request, now, &ttl_expiry);
-        values.owner = locked->owner;
         store.restart(name.scope, name.key, values);
         return claimed_answer(Status::kClaimed, values, ttl_expiry, key_store::kNowhere, 1, nullptr,
-                              now, request.fingerprint, name.wait_slot(request.caller));
+                              now, request.fingerprint, name.wait_slot(request.caller.role));
       }
       if (current == Verdict::kReclaimable) {
         key_store::ClaimValues values = claim_values(request, now, &ttl_expiry);
-        values.owner = locked->owner;
         KeyRow renewed = store.reclaim(name.scope, name.key, values);
         return claimed_answer(Status::kReclaimed, values, ttl_expiry, key_store::kNowhere,
                               renewed.attempts, renewed.recovery_point, renewed.created_at,
-                              renewed.fingerprint, name.wait_slot(request.caller));
+                              renewed.fingerprint, name.wait_slot(request.caller.role));
       }
       // The row changed since we read it: decide again.
     }
@@ -586,7 +594,7 @@ auto as_owner(FunctionCallInfo fcinfo, Work&& work) {
 }
 
 Datum sql_claim_key(FunctionCallInfo fcinfo) {
-  const Oid caller = caller::calling_role("claim_key");
+  const Caller caller = calling("claim_key");
   ClaimRequest request(key_arguments(fcinfo, 0, 2));
   TimestampTz now = GetCurrentTimestamp();
   request.fingerprint = PG_ARGISNULL(1) ? nullptr : fingerprint_value(PG_GETARG_DATUM(1));
@@ -624,9 +632,9 @@ bool same_token(const std::optional<pg_uuid_t>& stored, const pg_uuid_t& token) 
 
 // Explains why a fenced statement matched no row, by throwing; returns the row only when
 // the key was completed with this very token (the caller decides whether that is a no-op).
-KeyRow explain_fence(Session& store, const KeyName& name, const pg_uuid_t& token, Oid caller,
+KeyRow explain_fence(Session& store, const KeyName& name, const pg_uuid_t& token, const Caller& caller,
                      TimestampTz now) {
-  std::optional<KeyRow> row = store.find(caller, name.scope, name.key);
+  std::optional<KeyRow> row = store.find(caller.name, name.scope, name.key);
   if (!row || row->expires_at <= now) reject_missing(name);
   if (row->completed && same_token(row->lease_token, token)) return *row;
   if (row->completed)
@@ -662,7 +670,7 @@ bool same_response(const KeyRow& row, Jsonb* response, std::optional<int32> resp
 // Completes the claim `token` of `name` (complete_key and complete_keys): the stored row,
 // or the row as it was when this very completion was made before (a no-op success).
 KeyRow complete_one(Session& store, const KeyName& name, const pg_uuid_t& token,
-                    const key_store::Outcome& outcome, Oid caller, TimestampTz now) {
+                    const key_store::Outcome& outcome, const Caller& caller, TimestampTz now) {
   // The key expires ttl after completion; in the inbox pattern the claim's own expiry is
   // kept (same transaction, so the same moment to any other transaction).
   const OwnClaim* own = own_claim(token);
@@ -674,15 +682,15 @@ KeyRow complete_one(Session& store, const KeyName& name, const pg_uuid_t& token,
   } else {
     // A fresh snapshot, not the statement's: the claim may have been made earlier in this
     // very statement (claims of more keys than own_claims keeps), invisible to that snapshot.
-    std::optional<KeyRow> row = store.find(caller, name.scope, name.key);
+    std::optional<KeyRow> row = store.find(caller.name, name.scope, name.key);
     if (!row || row->expires_at <= now) reject_missing(name);
     expires_at = add_interval(now, row->ttl);
   }
   std::optional<KeyRow> row =
-      store.complete(name.scope, name.key, token, caller, outcome, now, *expires_at, where);
+      store.complete(name.scope, name.key, token, caller.name, outcome, now, *expires_at, where);
   if (row) {
     stats::count(stats::kCompleted);
-    key_wait::touched(name.wait_slot(caller));
+    key_wait::touched(name.wait_slot(caller.role));
     return *row;
   }
   KeyRow stored = explain_fence(store, name, token, caller, now);
@@ -694,7 +702,7 @@ KeyRow complete_one(Session& store, const KeyName& name, const pg_uuid_t& token,
 }
 
 Datum sql_complete_key(FunctionCallInfo fcinfo) {
-  const Oid caller = caller::calling_role("complete_key");
+  const Caller caller = calling("complete_key");
   KeyName name = key_arguments(fcinfo, 0, 4);
   pg_uuid_t token = token_argument(fcinfo, 1);
   key_store::Outcome outcome{};
@@ -709,17 +717,17 @@ Datum sql_complete_key(FunctionCallInfo fcinfo) {
 }
 
 Datum sql_release_key(FunctionCallInfo fcinfo) {
-  const Oid caller = caller::calling_role("release_key");
+  const Caller caller = calling("release_key");
   KeyName name = key_arguments(fcinfo, 0, 2);
   pg_uuid_t token = token_argument(fcinfo, 1);
   TimestampTz now = GetCurrentTimestamp();
   (void)as_owner(fcinfo, [&](Session& store, const caller::Installation&) {
-    if (!store.release(name.scope, name.key, token, caller, now)) {
+    if (!store.release(name.scope, name.key, token, caller.name, now)) {
       (void)explain_fence(store, name, token, caller, now);
       throw Error(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE,
                   "idempotency key " + name.describe() + " is completed and cannot be released");
     }
-    key_wait::touched(name.wait_slot(caller));
+    key_wait::touched(name.wait_slot(caller.role));
     return true;
   });
   stats::count(stats::kReleased);
@@ -727,7 +735,7 @@ Datum sql_release_key(FunctionCallInfo fcinfo) {
 }
 
 Datum sql_checkpoint_key(FunctionCallInfo fcinfo) {
-  const Oid caller = caller::calling_role("checkpoint_key");
+  const Caller caller = calling("checkpoint_key");
   KeyName name = key_arguments(fcinfo, 0, 3);
   pg_uuid_t token = token_argument(fcinfo, 1);
   text* recovery_point = reinterpret_cast<text*>(
@@ -741,12 +749,12 @@ Datum sql_checkpoint_key(FunctionCallInfo fcinfo) {
                                       gucs::max_lease_seconds);
   TimestampTz locked_until = as_owner(fcinfo, [&](Session& store, const caller::Installation&) {
     if (!lease) {
-      std::optional<KeyRow> row = store.find(caller, name.scope, name.key);
+      std::optional<KeyRow> row = store.find(caller.name, name.scope, name.key);
       if (!row || row->expires_at <= now) reject_missing(name);
       lease = row->lease;
     }
     TimestampTz until = add_interval(now, *lease);
-    if (!store.checkpoint(name.scope, name.key, token, caller, recovery_point, now, until)) {
+    if (!store.checkpoint(name.scope, name.key, token, caller.name, recovery_point, now, until)) {
       (void)explain_fence(store, name, token, caller, now);
       throw Error(
           ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE,
@@ -887,7 +895,7 @@ void for_each_element(FunctionCallInfo fcinfo, int count, Work&& work) {
 }
 
 Datum sql_claim_keys(FunctionCallInfo fcinfo) {
-  const Oid caller = caller::calling_role("claim_keys");
+  const Caller caller = calling("claim_keys");
   const Elements keys = keys_argument(fcinfo);
   const Elements fingerprints = array_argument(fcinfo, 1, BYTEAOID, "fingerprints", keys.count);
   if (PG_ARGISNULL(2)) reject_null_scope();
@@ -926,7 +934,7 @@ Datum sql_claim_keys(FunctionCallInfo fcinfo) {
 }
 
 Datum sql_complete_keys(FunctionCallInfo fcinfo) {
-  const Oid caller = caller::calling_role("complete_keys");
+  const Caller caller = calling("complete_keys");
   const Elements keys = keys_argument(fcinfo);
   const Elements tokens = array_argument(fcinfo, 1, UUIDOID, "tokens", keys.count);
   if (tokens.absent)

@@ -32,7 +32,7 @@ bool available();
 
 // The row of (owner, scope, key) visible to the calling statement's snapshot; varlena
 // values are copied into `context`.
-std::optional<KeyRow> find(Oid table, Oid owner, text* scope, text* key, MemoryContext context);
+std::optional<KeyRow> find(Oid table, text* owner, text* scope, text* key, MemoryContext context);
 
 // What the first look at a key found.
 enum class Seen {
@@ -44,7 +44,7 @@ enum class Seen {
 // which answers both "is there any version?" (for the insert that may follow) and, in the
 // common case, "which row does the statement see?" (for the verdict). Varlena values of
 // `*row` are copied into `context`.
-Seen look(Oid table, Oid owner, text* scope, text* key, MemoryContext context,
+Seen look(Oid table, text* owner, text* scope, text* key, MemoryContext context,
           std::optional<KeyRow>* row);
 
 // kBusy: another transaction that is still open inserted (claimed) the key.
@@ -64,7 +64,7 @@ InsertResult insert(Oid table, text* scope, text* key, const ClaimValues& claim,
 // nullopt means "not done here": the table needs the executor, or the row at `where` is no
 // longer that claim's live row; the executor path then decides (and explains a refusal).
 std::optional<KeyRow> complete(Oid table, const key_store::RowAddress& where, text* scope,
-                               text* key, const pg_uuid_t& token, Oid owner, const Outcome& outcome,
+                               text* key, const pg_uuid_t& token, text* owner, const Outcome& outcome,
                                TimestampTz now, TimestampTz expires_at, MemoryContext context);
 
 // Registers the relcache callback that forgets a cached table layout when it changes.
