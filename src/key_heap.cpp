@@ -437,11 +437,29 @@ KeyRow decode_values(const Datum* values, const bool* nulls, MemoryContext conte
 
 }  // namespace
 
+namespace {
+
+// As INSERT .. ON CONFLICT does: a transaction that reads with one snapshot (REPEATABLE READ,
+// SERIALIZABLE) cannot decide from a version of the key committed after that snapshot.
+void raise_committed_after_snapshot(text* key) {
+  ereport(ERROR, (errcode(ERRCODE_T_R_SERIALIZATION_FAILURE),
+                  errmsg("could not serialize access due to concurrent update"),
+                  errdetail("Idempotency key \"%s\" was written by a transaction that "
+                            "committed after this transaction's snapshot.",
+                            text_to_cstring(key))));
+}
+
+}  // namespace
+
 bool available() {
   // Citus can only be loaded with the server (shared_preload_libraries), before any call
   // here, so the answer holds for the backend's life: looked up once, not on every call.
   static const bool without_citus = GetConfigOption("citus.version", true, false) == nullptr;
   return without_citus;
+}
+
+bool direct_path() {
+  return available() && ExecutorCheckPerms_hook == nullptr && object_access_hook == nullptr;
 }
 
 namespace {
@@ -479,9 +497,14 @@ void read_key(Oid table, text* owner, text* scope, text* key, Snapshot snapshot,
 
 }  // namespace
 
-std::optional<KeyRow> find(Oid table, text* owner, text* scope, text* key, MemoryContext context) {
+std::optional<KeyRow> find(Oid table, text* owner, text* scope, text* key, MemoryContext context,
+                           bool latest) {
   std::optional<KeyRow> row;
-  read_key(table, owner, scope, key, GetActiveSnapshot(), context, &row,
+  // An MVCC probe: under SERIALIZABLE, B-Tree and heap take the predicate locks on what it saw
+  // (the leaf page, the tuple), as a SELECT's index scan does.
+  Snapshot snapshot =
+      latest && !IsolationUsesXactSnapshot() ? GetLatestSnapshot() : GetActiveSnapshot();
+  read_key(table, owner, scope, key, snapshot, context, &row,
            [](Relation, TupleTableSlot* slot) { return slot != nullptr; });
   return row;
 }
@@ -497,10 +520,15 @@ Seen look(Oid table, text* owner, text* scope, text* key, MemoryContext context,
              // The version found is the statement's row when the statement's snapshot sees
              // it (never so for a version of another open transaction): of the versions of
              // one key, that snapshot sees at most one.
-             seen = table_tuple_satisfies_snapshot(relation, slot, GetActiveSnapshot())
-                        ? Seen::kRow
-                        : Seen::kUndecided;
-             return seen == Seen::kRow;
+             if (table_tuple_satisfies_snapshot(relation, slot, GetActiveSnapshot())) {
+               seen = Seen::kRow;
+               return true;
+             }
+             // Not an open transaction's version: one committed after the snapshot.
+             if (!TransactionIdIsValid(dirty.xmin) && IsolationUsesXactSnapshot())
+               raise_committed_after_snapshot(key);
+             seen = Seen::kUndecided;
+             return false;
            });
   return seen;
 }
@@ -524,14 +552,7 @@ Found probe_dirty(Writer& writer, text* owner, text* scope, text* key) {
   const bool open_insert = exists && TransactionIdIsValid(dirty.xmin);
   bool conflict = exists && !open_insert && serialization_conflict(writer.table, slot);
   ExecDropSingleTupleTableSlot(slot);
-  // As INSERT .. ON CONFLICT does: a transaction-snapshot transaction cannot decide from a
-  // row committed after its snapshot.
-  if (conflict)
-    ereport(ERROR, (errcode(ERRCODE_T_R_SERIALIZATION_FAILURE),
-                    errmsg("could not serialize access due to concurrent update"),
-                    errdetail("Idempotency key \"%s\" was claimed by a transaction that "
-                              "committed after this transaction's snapshot.",
-                              text_to_cstring(key))));
+  if (conflict) raise_committed_after_snapshot(key);
   if (open_insert) return Found::kOpenClaim;
   return exists ? Found::kRow : Found::kNothing;
 }

@@ -227,9 +227,11 @@ void Session::finish() {
   pg_call([] { SPI_finish(); });
 }
 
-std::optional<KeyRow> Session::peek(text* owner, text* scope, text* key, bool* absent) {
+std::optional<KeyRow> Session::peek(text* owner, text* scope, text* key, bool* absent,
+                                    bool fresh_snapshot) {
   *absent = false;
-  if (!key_heap::available() || !ActiveSnapshotSet()) return find(owner, scope, key, false);
+  if (!key_heap::direct_path() || !ActiveSnapshotSet())
+    return find(owner, scope, key, fresh_snapshot);
   std::optional<KeyRow> row;
   switch (key_heap::look(table_, owner, scope, key, caller_context_, &row)) {
     case key_heap::Seen::kNothing:
@@ -238,9 +240,11 @@ std::optional<KeyRow> Session::peek(text* owner, text* scope, text* key, bool* a
     case key_heap::Seen::kRow:
       break;
     case key_heap::Seen::kUndecided:
-      row = key_heap::find(table_, owner, scope, key, caller_context_);
-      break;
+      return key_heap::find(table_, owner, scope, key, caller_context_, true);
   }
+  // The dirty look takes no predicate lock; under SERIALIZABLE the same row (or the absence
+  // of one) is read again by an MVCC probe that takes them, as a SELECT would.
+  if (IsolationIsSerializable()) row = key_heap::find(table_, owner, scope, key, caller_context_);
   return row;
 }
 
@@ -284,7 +288,7 @@ uint64 Session::execute_claim(int plan, text* scope, text* key, const ClaimValue
 Session::Insert Session::insert_unlocked(text* scope, text* key, const ClaimValues& claim,
                                          RowAddress* where, bool known_absent) {
   *where = kNowhere;
-  if (!key_heap::available()) return Insert::kNeedsLock;
+  if (!key_heap::direct_path()) return Insert::kNeedsLock;
   switch (key_heap::insert(table_, scope, key, claim, where, known_absent)) {
     case key_heap::InsertResult::kInserted:
       return Insert::kInserted;
@@ -317,7 +321,7 @@ KeyRow Session::reclaim(text* scope, text* key, const ClaimValues& claim) {
 std::optional<KeyRow> Session::complete(text* scope, text* key, const pg_uuid_t& token, text* owner,
                                         const Outcome& outcome, TimestampTz now,
                                         TimestampTz expires_at, const RowAddress& where) {
-  if (where.valid() && key_heap::available()) {
+  if (where.valid() && key_heap::direct_path()) {
     if (std::optional<KeyRow> row = key_heap::complete(table_, where, scope, key, token, owner,
                                                        outcome, now, expires_at, caller_context_))
       return row;

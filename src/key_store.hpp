@@ -31,11 +31,14 @@ class Session {
   // abort, which is the only way it is left unfinished.
   void finish();
 
-  // The first look at a key: the row the calling statement's snapshot sees, read by a direct
-  // primary key probe where that is possible (not under Citus), else by SPI. `*absent` is
-  // set when no version of the key is live for anyone, so that insert_unlocked() need not
-  // look again.
-  std::optional<KeyRow> peek(text* owner, text* scope, text* key, bool* absent);
+  // A look at a key before deciding: the row this transaction sees, read by a direct primary
+  // key probe where key_heap::direct_path() allows it, else by SPI (with a new snapshot when
+  // `fresh_snapshot`, as a look after waiting needs). `*absent` is set when no version of the
+  // key is live for anyone, so that insert_unlocked() need not look again. Raises 40001 under
+  // REPEATABLE READ and SERIALIZABLE where a version committed after the snapshot would
+  // decide (key_heap::look).
+  std::optional<KeyRow> peek(text* owner, text* scope, text* key, bool* absent,
+                             bool fresh_snapshot);
   // Plain MVCC read: no row lock, no write. With fresh_snapshot false it reads with the
   // calling statement's snapshot (cheaper; right for a first look), else with a new one
   // (needed to see commits while waiting).
