@@ -217,54 +217,53 @@ struct OwnClaim {
   SubTransactionId subtransaction;  // where the claim was made
 };
 // The first claims of a transaction live in a small array (the common case: a few per
-// transaction, nothing to allocate or clear); a batch's further claims in a hash map, up to
-// kOwnClaimsKept in all. A claim not remembered is completed by the executor path.
+// transaction, nothing to allocate or clear); a batch's further claims in a hash table in
+// TopTransactionContext (accounted, and gone with the transaction), up to kOwnClaimsKept in
+// all. A claim not remembered is completed by the executor path.
 constexpr size_t kOwnClaimsInArray = 64;
 constexpr size_t kOwnClaimsKept = 100000;
 std::array<OwnClaim, kOwnClaimsInArray> own_claims;
 size_t own_claim_count = 0;
-struct TokenHash {
-  size_t operator()(const std::array<uint8, UUID_LEN>& token) const noexcept {
-    uint64 a = 0;
-    uint64 b = 0;
-    memcpy(&a, token.data(), sizeof a);
-    memcpy(&b, token.data() + sizeof a, sizeof b);
-    return static_cast<size_t>(b * 0x9e3779b97f4a7c15ULL ^ a);  // v7: b is the random half
-  }
-};
-std::unordered_map<std::array<uint8, UUID_LEN>, OwnClaim, TokenHash> more_own_claims;
-
-std::array<uint8, UUID_LEN> token_key(const pg_uuid_t& token) {
-  std::array<uint8, UUID_LEN> key{};
-  memcpy(key.data(), token.data, UUID_LEN);
-  return key;
-}
+HTAB* more_own_claims = nullptr;  // entries: OwnClaim, keyed by its token (the first field)
+size_t more_own_claim_count = 0;
 
 void remember_own_claim(const pg_uuid_t& token, const Interval& ttl,
                         const key_store::RowAddress& where) {
   const OwnClaim claim{token, ttl, where, GetCurrentSubTransactionId()};
-  if (own_claim_count < kOwnClaimsInArray)
+  if (own_claim_count < kOwnClaimsInArray) {
     own_claims[own_claim_count++] = claim;
-  else if (own_claim_count + more_own_claims.size() < kOwnClaimsKept)
-    more_own_claims.emplace(token_key(token), claim);
+    return;
+  }
+  if (own_claim_count + more_own_claim_count >= kOwnClaimsKept) return;
+  pg_call([&] {
+    if (more_own_claims == nullptr) {
+      HASHCTL control{};
+      control.keysize = sizeof(pg_uuid_t);
+      control.entrysize = sizeof(OwnClaim);
+      control.hcxt = TopTransactionContext;
+      more_own_claims = hash_create("idempotency claims of this transaction", 1024, &control,
+                                    HASH_ELEM | HASH_BLOBS | HASH_CONTEXT);
+    }
+    bool found = false;
+    auto* entry = static_cast<OwnClaim*>(hash_search(more_own_claims, &token, HASH_ENTER, &found));
+    *entry = claim;
+    if (!found) ++more_own_claim_count;
+  });
 }
 
 const OwnClaim* own_claim(const pg_uuid_t& token) {
   for (size_t i = 0; i < own_claim_count; ++i)
     if (memcmp(own_claims[i].token.data, token.data, UUID_LEN) == 0) return &own_claims[i];
-  if (more_own_claims.empty()) return nullptr;
-  auto found = more_own_claims.find(token_key(token));
-  return found == more_own_claims.end() ? nullptr : &found->second;
+  if (more_own_claims == nullptr) return nullptr;
+  // A lookup allocates nothing and cannot fail.
+  return static_cast<const OwnClaim*>(hash_search(more_own_claims, &token, HASH_FIND, nullptr));
 }
 
+// The hash table goes with TopTransactionContext.
 void forget_own_claims(XactEvent, void*) {
   own_claim_count = 0;
-  if (more_own_claims.empty()) return;
-  // A large table is given back rather than kept (and cleared, bucket by bucket, later).
-  if (more_own_claims.bucket_count() > 1024)
-    decltype(more_own_claims)().swap(more_own_claims);
-  else
-    more_own_claims.clear();
+  more_own_claims = nullptr;
+  more_own_claim_count = 0;
 }
 
 // A subtransaction rolled back takes its claims with it (and their rows' space may be
@@ -276,8 +275,14 @@ void forget_rolled_back_claims(SubXactEvent event, SubTransactionId rolled_back,
   for (size_t i = 0; i < own_claim_count; ++i)
     if (own_claims[i].subtransaction < rolled_back) own_claims[kept++] = own_claims[i];
   own_claim_count = kept;
-  for (auto it = more_own_claims.begin(); it != more_own_claims.end();)
-    it = it->second.subtransaction < rolled_back ? std::next(it) : more_own_claims.erase(it);
+  if (more_own_claims == nullptr) return;
+  HASH_SEQ_STATUS scan;
+  hash_seq_init(&scan, more_own_claims);
+  while (auto* entry = static_cast<OwnClaim*>(hash_seq_search(&scan))) {
+    if (entry->subtransaction < rolled_back) continue;
+    (void)hash_search(more_own_claims, &entry->token, HASH_REMOVE, nullptr);
+    --more_own_claim_count;
+  }
 }
 
 // ---------------------------------------------------------------------------------------

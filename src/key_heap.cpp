@@ -58,7 +58,10 @@ constexpr Column kRowColumnSource[] = {
     kStatus,      kStatus,   kFingerprint, kResponse,  kResponseCode, kRecoveryPoint, kLeaseToken,
     kLockedUntil, kAttempts, kTtl,         kCreatedAt, kExpiresAt,    kLease};
 
-constexpr int kMaxIndexes = 8;
+// Indexes the direct path keeps open for a write. Generous: a cancelled REINDEX CONCURRENTLY
+// (which a database owner may run) leaves a copy of each index behind, and such leftovers must
+// not push every claim onto the executor path.
+constexpr int kMaxIndexes = 32;
 constexpr int kMaxAttributes = 64;  // live and dropped columns of the table
 
 // Why a write must go through the executor: the one list of what INSERT and UPDATE do
@@ -200,8 +203,11 @@ LayoutCheck read_layout(Relation table, Layout& l) {
           (index->rd_index->indisunique && !index->rd_index->indimmediate))
         needs(ExecutorReason::kIndexKind);
       // The direct path probes the primary key only; the executor would check every unique
-      // index (and use one on the same columns as an arbiter).
-      if (index->rd_index->indisunique && !is_our_primary_key(index, l))
+      // index (and use one on the same columns as an arbiter). An invalid one (the leftover of
+      // a cancelled CREATE INDEX or REINDEX CONCURRENTLY) is no arbiter for the executor
+      // either: it gets its entries, with a plain unique check, when it is ready for inserts.
+      if (index->rd_index->indisunique && index->rd_index->indisvalid &&
+          !is_our_primary_key(index, l))
         needs(ExecutorReason::kOtherUniqueIndex);
       l.index_oids[l.index_count] = RelationGetRelid(index);
       l.index_info[l.index_count++] = info;
@@ -524,8 +530,9 @@ Seen look(Oid table, text* owner, text* scope, text* key, MemoryContext context,
                seen = Seen::kRow;
                return true;
              }
-             // Not an open transaction's version: one committed after the snapshot.
-             if (!TransactionIdIsValid(dirty.xmin) && IsolationUsesXactSnapshot())
+             // Neither an open transaction's version nor this transaction's own (a later
+             // command's): one committed after the snapshot.
+             if (!TransactionIdIsValid(dirty.xmin) && serialization_conflict(relation, slot))
                raise_committed_after_snapshot(key);
              seen = Seen::kUndecided;
              return false;
