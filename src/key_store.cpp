@@ -147,13 +147,19 @@ void prepare_plans(Oid table) {
   cache.table = table;
 }
 
-// Runs a prepared statement; returns the number of rows it processed.
+// Runs a prepared statement; returns the number of rows it processed. The caller's memory
+// context stays current (SPI leaves its own procedure context current after every call, where
+// whatever the caller allocates next would pile up until SPI_finish).
 uint64 run(PlanId id, Datum* values, const char* nulls, bool read_only, long limit) {
   // The previous result was decoded (copied) already: free it, or a batch's results would
   // pile up in the SPI connection's memory until it closes.
   if (SPI_tuptable != nullptr) pg_call([] { SPI_freetuptable(SPI_tuptable); });
-  int rc =
-      pg_call([&] { return SPI_execute_plan(cache.plans[id], values, nulls, read_only, limit); });
+  MemoryContext caller_context = CurrentMemoryContext;
+  int rc = pg_call([&] {
+    int result = SPI_execute_plan(cache.plans[id], values, nulls, read_only, limit);
+    MemoryContextSwitchTo(caller_context);
+    return result;
+  });
   if (rc < 0)
     throw Error(ERRCODE_INTERNAL_ERROR, "idempotency_keys statement failed",
                 SPI_result_code_string(rc));
@@ -205,7 +211,12 @@ Session::Session(Oid table, caller::ActingAsOwner& acting)
 void Session::connect() {
   if (connected_) return;
   acting_.pin_search_path();
-  int rc = pg_call([] { return SPI_connect(); });
+  MemoryContext caller_context = CurrentMemoryContext;
+  int rc = pg_call([&] {
+    int result = SPI_connect();
+    MemoryContextSwitchTo(caller_context);  // see run()
+    return result;
+  });
   if (rc != SPI_OK_CONNECT) throw Error(ERRCODE_INTERNAL_ERROR, "SPI_connect failed");
   connected_ = true;
   if (cache.table != table_) prepare_plans(table_);
