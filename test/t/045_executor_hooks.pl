@@ -28,13 +28,12 @@ $node->safe_psql('postgres', q{
   GRANT USAGE ON SCHEMA idempotency TO app;
 });
 
+# pgaudit logs the statements a function runs for a superuser caller (for other roles it
+# logs the top-level statement only): the claims below are a superuser's.
 my $offset = -s $node->logfile;
-my $token = $node->safe_psql('postgres', q{SELECT token FROM idempotency.claim_key('audited-1')},
-  extra_params => [ '-U', 'app' ]);
-$node->safe_psql('postgres', qq{SELECT status FROM idempotency.complete_key('audited-1', '$token', '{}')},
-  extra_params => [ '-U', 'app' ]);
-$node->safe_psql('postgres', q{SELECT status FROM idempotency.claim_key('audited-1')},
-  extra_params => [ '-U', 'app' ]);
+my $token = $node->safe_psql('postgres', q{SELECT token FROM idempotency.claim_key('audited-1')});
+$node->safe_psql('postgres', qq{SELECT status FROM idempotency.complete_key('audited-1', '$token', '{}')});
+$node->safe_psql('postgres', q{SELECT status FROM idempotency.claim_key('audited-1')});
 my $log = slurp_file($node->logfile, $offset);
 
 like($log, qr/AUDIT: SESSION,.*,WRITE,INSERT,TABLE,idempotency\.idempotency_keys/,
@@ -45,6 +44,15 @@ like($log, qr/AUDIT: SESSION,.*,READ,SELECT,TABLE,idempotency\.idempotency_keys/
   'the looks at the key are audited');
 is($node->safe_psql('postgres', q{SELECT status || ' ' || attempts FROM idempotency.idempotency_keys WHERE key = 'audited-1'}),
   'completed 1', 'and the key is stored as on the direct path');
+
+# Any role's claim takes the executor path while the hook is set: a new key is first locked
+# by the per-key transaction lock, which the direct path never takes.
+is($node->safe_psql('postgres', q{
+     BEGIN;
+     SELECT status FROM idempotency.claim_key('app-1') \g /dev/null
+     SELECT count(*) FROM pg_locks WHERE pid = pg_backend_pid() AND locktype = 'advisory';
+     COMMIT;}, extra_params => [ '-U', 'app' ]),
+  '1', "an application role's claim goes through the executor too");
 
 $node->stop;
 done_testing();
