@@ -256,7 +256,8 @@ const OwnClaim* own_claim(const pg_uuid_t& token) {
     if (memcmp(own_claims[i].token.data, token.data, UUID_LEN) == 0) return &own_claims[i];
   if (more_own_claims == nullptr) return nullptr;
   // A lookup allocates nothing and cannot fail.
-  return static_cast<const OwnClaim*>(hash_search(more_own_claims, &token, HASH_FIND, nullptr));
+  return static_cast<const OwnClaim*>(
+      hash_search(more_own_claims, &token, HASH_FIND, nullptr));  // pg: a lookup cannot raise
 }
 
 // The hash table goes with TopTransactionContext.
@@ -268,6 +269,7 @@ void forget_own_claims(XactEvent, void*) {
 
 // A subtransaction rolled back takes its claims with it (and their rows' space may be
 // reused or truncated away). Every claim made since it began has an id at least its own.
+// pg-frame: a subtransaction callback, called by PostgreSQL (owns no C++ object).
 void forget_rolled_back_claims(SubXactEvent event, SubTransactionId rolled_back, SubTransactionId,
                                void*) {
   if (event != SUBXACT_EVENT_ABORT_SUB) return;
@@ -482,9 +484,8 @@ key_store::ClaimValues claim_values(const ClaimRequest& request, TimestampTz now
 }
 
 ClaimResult claimed_answer(Status status, const key_store::ClaimValues& values,
-                           const key_store::RowAddress& where, int32 attempts,
-                           text* recovery_point, TimestampTz created_at, bytea* fingerprint,
-                           uint32 wait_slot) {
+                           const key_store::RowAddress& where, int32 attempts, text* recovery_point,
+                           TimestampTz created_at, bytea* fingerprint, uint32 wait_slot) {
   remember_own_claim(values.token, values.ttl, where);
   key_wait::touched(wait_slot);
   stats::count(status == Status::kClaimed ? stats::kClaimed : stats::kReclaimed);
@@ -502,7 +503,8 @@ ClaimResult claim(Session& store, const ClaimRequest& request) {
   const KeyName& name = request.name;
   int retries_without_sleep = 0;
   // Waiting (wait > 0) sleeps until a transaction that wrote this key ends (key_wait.hpp).
-  key_wait::Waiter waiter(name.wait_slot(request.caller.role), request.deadline > GetCurrentTimestamp());
+  key_wait::Waiter waiter(name.wait_slot(request.caller.role),
+                          request.deadline > GetCurrentTimestamp());
   for (bool first_look = true;; first_look = false) {
     waiter.prepare();  // before looking: a holder that ends after the look wakes us
     TimestampTz now = GetCurrentTimestamp();
@@ -545,8 +547,8 @@ ClaimResult claim(Session& store, const ClaimRequest& request) {
                                                                         : Session::Insert::kExists;
       }
       if (inserted == Session::Insert::kInserted)
-        return claimed_answer(Status::kClaimed, values, where, 1, nullptr, now,
-                              request.fingerprint, name.wait_slot(request.caller.role));
+        return claimed_answer(Status::kClaimed, values, where, 1, nullptr, now, request.fingerprint,
+                              name.wait_slot(request.caller.role));
       if (inserted == Session::Insert::kBusy) {
         // A claim of this key is in a transaction that is still open.
         if (now >= request.deadline) return in_progress(USECS_PER_SEC);
@@ -554,7 +556,8 @@ ClaimResult claim(Session& store, const ClaimRequest& request) {
         continue;
       }
       // A claim committed between our read and our insert; decide again from its row.
-    } else if (std::optional<KeyRow> locked = store.lock(request.caller.name, name.scope, name.key)) {
+    } else if (std::optional<KeyRow> locked =
+                   store.lock(request.caller.name, name.scope, name.key)) {
       // An existing row is taken over under its row lock (FOR UPDATE SKIP LOCKED): a
       // transaction that holds it makes us skip it, never wait, and no per-key lock is needed.
       Verdict current = judge(locked, request.fingerprint, now);
@@ -567,8 +570,9 @@ ClaimResult claim(Session& store, const ClaimRequest& request) {
       if (current == Verdict::kReclaimable) {
         key_store::ClaimValues values = claim_values(request, now);
         KeyRow renewed = store.reclaim(name.scope, name.key, values);
-        return claimed_answer(Status::kReclaimed, values, key_store::kNowhere, renewed.attempts, renewed.recovery_point, renewed.created_at,
-                              renewed.fingerprint, name.wait_slot(request.caller.role));
+        return claimed_answer(Status::kReclaimed, values, key_store::kNowhere, renewed.attempts,
+                              renewed.recovery_point, renewed.created_at, renewed.fingerprint,
+                              name.wait_slot(request.caller.role));
       }
       // The row changed since we read it: decide again.
     }
@@ -633,8 +637,8 @@ bool same_token(const std::optional<pg_uuid_t>& stored, const pg_uuid_t& token) 
 
 // Explains why a fenced statement matched no row, by throwing; returns the row only when
 // the key was completed with this very token (the caller decides whether that is a no-op).
-KeyRow explain_fence(Session& store, const KeyName& name, const pg_uuid_t& token, const Caller& caller,
-                     TimestampTz now) {
+KeyRow explain_fence(Session& store, const KeyName& name, const pg_uuid_t& token,
+                     const Caller& caller, TimestampTz now) {
   std::optional<KeyRow> row = store.find(caller.name, name.scope, name.key);
   if (!row || row->expires_at <= now) reject_missing(name);
   if (row->completed && same_token(row->lease_token, token)) return *row;
@@ -827,7 +831,8 @@ class ElementWalk {
     for (const ArrayArgument* argument : arrays) {
       ArrayType* array = argument->array;
       iterators_[count_++] =
-          array == nullptr ? nullptr : pg_call([&] { return array_create_iterator(array, 0, nullptr); });
+          array == nullptr ? nullptr
+                           : pg_call([&] { return array_create_iterator(array, 0, nullptr); });
     }
   }
   // Moves every array to its next element.
@@ -921,7 +926,7 @@ void for_each_element(FunctionCallInfo fcinfo, std::initializer_list<const Array
       MemoryContextSwitchTo(per_element);
       for_element(i, [&] { return check(walk, i); });
       MemoryContextSwitchTo(function_context);
-      MemoryContextReset(per_element);
+      MemoryContextReset(per_element);  // pg: a reset does not raise
     }
   }
   BatchOutput output = begin_batch_output(fcinfo);
@@ -931,9 +936,10 @@ void for_each_element(FunctionCallInfo fcinfo, std::initializer_list<const Array
       walk.next();
       MemoryContextSwitchTo(per_element);
       store.use_context(per_element);
-      put_batch_row(output, i, walk.value(0), for_element(i, [&] { return work(store, at, walk); }));
+      put_batch_row(output, i, walk.value(0),
+                    for_element(i, [&] { return work(store, at, walk); }));
       MemoryContextSwitchTo(function_context);
-      MemoryContextReset(per_element);
+      MemoryContextReset(per_element);  // pg: a reset does not raise
     }
     return true;
   });

@@ -135,15 +135,15 @@ struct LayoutCheck {
 // role's name, so that a key names its role wherever its row moves.
 bool is_our_primary_key(Relation index, const Layout& l) {
   const Form_pg_index form = index->rd_index;
-  return form->indisprimary && form->indnkeyatts == 3 &&
-         form->indkey.values[0] == l.attnum[kKey] && form->indkey.values[1] == l.attnum[kScope] &&
-         form->indkey.values[2] == l.attnum[kOwner] &&
+  return form->indisprimary && form->indnkeyatts == 3 && form->indkey.values[0] == l.attnum[kKey] &&
+         form->indkey.values[1] == l.attnum[kScope] && form->indkey.values[2] == l.attnum[kOwner] &&
          index->rd_indcollation[0] == C_COLLATION_OID &&
          index->rd_indcollation[1] == C_COLLATION_OID &&
          index->rd_indcollation[2] == C_COLLATION_OID;
 }
 
 // Fills `l` from the open table.
+// pg-frame: runs inside pg_call only (owns no C++ object).
 LayoutCheck read_layout(Relation table, Layout& l) {
   TupleDesc desc = RelationGetDescr(table);
   auto needs = [&](ExecutorReason reason) {
@@ -249,10 +249,10 @@ void load_layout(Relation table) {
       throw Error(ERRCODE_UNDEFINED_OBJECT,
                   std::string("key_status has no label \"") + kStatusLabels[check.column] + "\"");
     case LayoutProblem::kPrimaryKey:
-      throw Error(
-          ERRCODE_UNDEFINED_OBJECT,
-          "idempotency_keys lacks its primary key (key, scope, owner) with collation \"C\"", {},
-          "A table made by an older version needs: ALTER EXTENSION idempotency UPDATE.");
+      throw Error(ERRCODE_UNDEFINED_OBJECT,
+                  "idempotency_keys lacks its primary key (key, scope, owner) with collation \"C\"",
+                  {},
+                  "A table made by an older version needs: ALTER EXTENSION idempotency UPDATE.");
     case LayoutProblem::kOldVersion:
       throw Error(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE,
                   "idempotency_keys was made by idempotency 1.1 or older",
@@ -283,6 +283,7 @@ ExecutorReason needs_executor(Relation table) {
 }
 
 // Looks up (owner, scope, key) in the primary key with `snapshot`, leaving the row in `slot`.
+// pg-frame: runs inside pg_call only (owns no C++ object).
 bool probe(Relation table, Relation primary_key, Snapshot snapshot, text* owner, text* scope,
            text* key, TupleTableSlot* slot) {
   // In the index's column order (key, scope, owner), as B-Tree scans require.
@@ -305,6 +306,7 @@ bool probe(Relation table, Relation primary_key, Snapshot snapshot, text* owner,
 
 // Under REPEATABLE READ or SERIALIZABLE: the row in `slot` (found by a dirty snapshot) is
 // another transaction's, and invisible to this transaction's snapshot.
+// pg-frame: runs inside pg_call only (owns no C++ object).
 bool serialization_conflict(Relation table, TupleTableSlot* slot) {
   if (!IsolationUsesXactSnapshot()) return false;
   bool should_free = false;
@@ -322,6 +324,7 @@ struct Writer {
   Relation indexes[kMaxIndexes] = {};
 };
 
+// pg-frame: runs inside pg_call only (owns no C++ object).
 void close_writer(Writer& writer) {
   for (int i = 0; i < writer.index_count; ++i) index_close(writer.indexes[i], NoLock);
   if (writer.table != nullptr) table_close(writer.table, NoLock);
@@ -349,6 +352,7 @@ bool open_writer(Writer& writer, Oid table, AclMode privileges, const char* comm
   return direct;
 }
 
+// pg-frame: runs inside pg_call only (owns no C++ object).
 void open_indexes(Writer& writer) {
   for (int i = writer.index_count; i < layout.index_count; ++i)
     writer.indexes[writer.index_count++] = index_open(layout.index_oids[i], RowExclusiveLock);
@@ -369,6 +373,7 @@ Relation primary_key_of(const Writer& writer) {
 // index_insert returned (true when it was not among `indexes`): with UNIQUE_CHECK_PARTIAL,
 // false means another live version of the key may exist, and nothing waited for it.
 enum class Indexes { kAll, kPrimaryKey, kOthers };
+// pg-frame: runs inside pg_call only (owns no C++ object).
 bool insert_index_entries(Writer& writer, Datum* values, bool* nulls, ItemPointer tid,
                           std::optional<uint64> changed, Indexes indexes = Indexes::kAll,
                           IndexUniqueCheck primary_key_check = UNIQUE_CHECK_YES) {
@@ -422,6 +427,7 @@ bool file_is_new(Relation table) {
 #endif
 }
 
+// pg-frame: runs inside pg_call only (owns no C++ object).
 bool same_text(Datum stored, const text* given) {
   struct varlena* value = pg_detoast_datum_packed(reinterpret_cast<struct varlena*>(stored));
   return VARSIZE_ANY_EXHDR(value) == VARSIZE_ANY_EXHDR(given) &&
@@ -447,6 +453,7 @@ namespace {
 
 // As INSERT .. ON CONFLICT does: a transaction that reads with one snapshot (REPEATABLE READ,
 // SERIALIZABLE) cannot decide from a version of the key committed after that snapshot.
+// pg-frame: runs inside pg_call only (owns no C++ object).
 void raise_committed_after_snapshot(text* key) {
   ereport(ERROR, (errcode(ERRCODE_T_R_SERIALIZATION_FAILURE),
                   errmsg("could not serialize access due to concurrent update"),
@@ -549,6 +556,7 @@ enum class Found { kNothing, kRow, kOpenClaim };
 // A version that another open transaction inserted is a claim in flight (kOpenClaim); any
 // other live version (committed, this transaction's own, or one that an open transaction
 // is deleting or updating) is a row for the caller to decide from again (kRow).
+// pg-frame: runs inside pg_call only (owns no C++ object).
 Found probe_dirty(Writer& writer, text* owner, text* scope, text* key) {
   TupleTableSlot* slot = table_slot_create(writer.table, nullptr);
   SnapshotData dirty;
@@ -642,8 +650,9 @@ InsertResult insert(Oid table, text* scope, text* key, const ClaimValues& claim,
 }
 
 std::optional<KeyRow> complete(Oid table, const key_store::RowAddress& where, text* scope,
-                               text* key, const pg_uuid_t& token, text* owner, const Outcome& outcome,
-                               TimestampTz now, TimestampTz expires_at, MemoryContext context) {
+                               text* key, const pg_uuid_t& token, text* owner,
+                               const Outcome& outcome, TimestampTz now, TimestampTz expires_at,
+                               MemoryContext context) {
   Writer writer;
   if (!open_writer(writer, table, ACL_UPDATE | ACL_SELECT, "UPDATE")) return std::nullopt;
   // The new row's columns; varlenas point into the new tuple (palloc'd, so they stay).

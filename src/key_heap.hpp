@@ -77,8 +77,9 @@ InsertResult insert(Oid table, text* scope, text* key, const ClaimValues& claim,
 // nullopt means "not done here": the table needs the executor, or the row at `where` is no
 // longer that claim's live row; the executor path then decides (and explains a refusal).
 std::optional<KeyRow> complete(Oid table, const key_store::RowAddress& where, text* scope,
-                               text* key, const pg_uuid_t& token, text* owner, const Outcome& outcome,
-                               TimestampTz now, TimestampTz expires_at, MemoryContext context);
+                               text* key, const pg_uuid_t& token, text* owner,
+                               const Outcome& outcome, TimestampTz now, TimestampTz expires_at,
+                               MemoryContext context);
 
 // Registers the relcache callback that forgets a cached table layout when it changes.
 void on_load();

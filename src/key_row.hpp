@@ -26,7 +26,7 @@ struct KeyRow {
 
 // Values of a fresh or renewed claim.
 struct ClaimValues {
-  text* owner;  // the claiming role's name
+  text* owner;         // the claiming role's name
   bytea* fingerprint;  // nullptr = NULL
   pg_uuid_t token;
   TimestampTz now;

@@ -15,9 +15,9 @@ constexpr const char* kRowColumns =
 // The type of each column of kRowColumns: a result of another shape is refused before a
 // value of it is read (a statement re-planned against something else must never have its
 // values taken for ours).
-constexpr Oid kRowColumnTypes[] = {
-    BOOLOID,        BYTEAOID, JSONBOID,       INT4OID,        TEXTOID,       UUIDOID,
-    TIMESTAMPTZOID, INT4OID,  INTERVALOID,    TIMESTAMPTZOID, TIMESTAMPTZOID, INTERVALOID};
+constexpr Oid kRowColumnTypes[] = {BOOLOID,     BYTEAOID,       JSONBOID,       INT4OID,
+                                   TEXTOID,     UUIDOID,        TIMESTAMPTZOID, INT4OID,
+                                   INTERVALOID, TIMESTAMPTZOID, TIMESTAMPTZOID, INTERVALOID};
 // A key is (owner, scope, key), the owner being the claiming role's name: $1 scope, $2 key, and
 // the owner where each statement has it.
 constexpr const char* kWhereKey =
@@ -89,12 +89,12 @@ PlanSpec spec_of(PlanId id, const std::string& table) {
     case kComplete:
       // Only columns at the end of the row change (and expires_at keeps its value in the
       // inbox pattern): a small, usually HOT, update.
-      return {"UPDATE " + table +
-                  " SET status = 'completed', response_code = $7, updated_at = $5, response = $6,"
-                  " expires_at = $8 WHERE " +
-                  fence + returning,
-              {TEXTOID, TEXTOID, UUIDOID, TEXTOID, TIMESTAMPTZOID, JSONBOID, INT4OID,
-               TIMESTAMPTZOID}};
+      return {
+          "UPDATE " + table +
+              " SET status = 'completed', response_code = $7, updated_at = $5, response = $6,"
+              " expires_at = $8 WHERE " +
+              fence + returning,
+          {TEXTOID, TEXTOID, UUIDOID, TEXTOID, TIMESTAMPTZOID, JSONBOID, INT4OID, TIMESTAMPTZOID}};
     case kRelease:
       return {"UPDATE " + table +
                   " SET lease_token = NULL, locked_until = NULL, updated_at = $5 WHERE " + fence,
@@ -179,7 +179,7 @@ KeyRow decode(uint64 index, MemoryContext context) {
                 "a statement on idempotency_keys returned columns of unexpected types", {},
                 "Drop and create the extension idempotency again.");
   auto column = [&](int number, bool* is_null) {
-    return SPI_getbinval(tuple, desc, number, is_null);
+    return SPI_getbinval(tuple, desc, number, is_null);  // pg: a column of the checked shape
   };
   bool is_null = false;
   return decode_columns(column, DatumGetBool(column(1, &is_null)), context);
