@@ -33,6 +33,12 @@ bool is_built_in(Oid object) {
   return object < FirstNormalObjectId;
 }
 
+// "function idempotency.f(pg_catalog.text)": qualified whatever the caller's search_path.
+const char* describe(const ObjectAddress& object) {
+  return psprintf("%s %s", getObjectTypeDescription(&object, false),
+                  getObjectIdentity(&object, false));
+}
+
 // Does `acl` give any right to a role that is neither `owner` nor a superuser? With TRIGGER
 // on idempotency_keys such a role would run code as the owner inside every call; with
 // SELECT it would read every role's keys (on key_lock_salt: tell keys in pg_locks).
@@ -167,7 +173,7 @@ bool check_columns(Relation table, Oid extension, bool key_table, const char* wh
       return refuse(refusal, ERRCODE_INSUFFICIENT_PRIVILEGE,
                     psprintf("column \"%s\" of %s of extension idempotency is of type %s, which "
                              "is neither built in nor the extension's",
-                             column, what, format_type_be(attribute->atttypid)),
+                             column, what, format_type_be_qualified(attribute->atttypid)),
                     "A domain checks and defaults its values, other types bring functions of "
                     "their own: use a built-in type, or drop the column.");
     if (!attribute->atthasdef) continue;
@@ -396,12 +402,11 @@ bool check_object_owner(const ObjectAddress& address, Refusal* refusal) {
   if (OidIsValid(owner) && !superuser_arg(owner))
     return refuse(refusal, ERRCODE_INSUFFICIENT_PRIVILEGE,
                   psprintf("%s of extension idempotency is owned by %s, which is not a superuser",
-                           getObjectDescription(&address, false), quoted_role(owner)),
+                           describe(address), quoted_role(owner)),
                   kOwnerHint);
   if (definer)
     return refuse(refusal, ERRCODE_INSUFFICIENT_PRIVILEGE,
-                  psprintf("%s of extension idempotency is SECURITY DEFINER",
-                           getObjectDescription(&address, false)),
+                  psprintf("%s of extension idempotency is SECURITY DEFINER", describe(address)),
                   "The functions act for their caller: ALTER FUNCTION ... SECURITY INVOKER.");
   return true;
 }
@@ -441,8 +446,8 @@ bool check_objects(Oid schema, Oid extension, Refusal* refusal) {
     if (!member && !shard)
       return refuse(
           refusal, ERRCODE_INSUFFICIENT_PRIVILEGE,
-          psprintf("%s is in schema \"%s\" but not part of extension idempotency",
-                   getObjectDescription(&object, false), get_namespace_name(schema)),
+          psprintf("%s is in schema \"%s\" but not part of extension idempotency", describe(object),
+                   get_namespace_name(schema)),
           "The extension's schema must hold nothing but its own objects (a look-alike there "
           "could catch calls): drop that object or move it to another schema.");
     if (!check_object_owner(object, refusal)) return false;
@@ -479,9 +484,11 @@ bool check_schema(Oid schema, Refusal* refusal) {
   if (untrusted_creator(schema, acl, &creator))
     return refuse(
         refusal, ERRCODE_INSUFFICIENT_PRIVILEGE,
-        psprintf("%s, which is not a superuser, may create objects in schema \"%s\" of "
-                 "extension idempotency",
-                 quoted_role(creator), name),
+        psprintf("%s may create objects in schema \"%s\" of extension idempotency",
+                 creator == ACL_ID_PUBLIC
+                     ? "PUBLIC"
+                     : psprintf("%s, which is not a superuser,", quoted_role(creator)),
+                 name),
         psprintf("A role that may create objects there can plant look-alikes of the extension's "
                  "functions, which calls then run: REVOKE CREATE ON SCHEMA %s FROM %s (or from "
                  "the role it has the privilege through).",
