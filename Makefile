@@ -22,7 +22,9 @@ OBJS        = src/pg_boundary.o \
               src/claim_protocol.o \
               src/cleanup.o \
               src/cleanup_worker.o \
-              src/citus_guard.o
+              src/citus_guard.o \
+              src/installation_check.o \
+              src/schema_guard.o
 # The released base script, the update scripts, and the script of the default version,
 # made from them (so a fresh install runs the same statements as an upgraded one; TAP
 # 041_upgrade compares the two installs).

@@ -98,10 +98,15 @@ PlannedStmt* guarded_planner(Query* parse, const char* query_string, int cursor_
 
 }  // namespace
 
+bool citus_loaded() {
+  return GetConfigOption("citus.version", true, false) != nullptr &&
+         (GetConfigOptionFlags("citus.version", true) & GUC_CUSTOM_PLACEHOLDER) == 0;
+}
+
 void install_if_citus() {
   // Loaded after citus (shared_preload_libraries = 'citus,idempotency'), so this hook runs
   // before Citus' planner; without Citus there is nothing to guard and nothing is hooked.
-  if (GetConfigOption("citus.version", true, false) == nullptr) return;
+  if (!citus_loaded()) return;
   next_planner = planner_hook;
   planner_hook = guarded_planner;
 }

@@ -1,6 +1,9 @@
 // Direct heap and index access to idempotency_keys (see key_heap.hpp).
 #include "key_heap.hpp"
 
+#include "citus_guard.hpp"
+#include "gucs.hpp"
+
 namespace idem::key_heap {
 namespace {
 
@@ -71,6 +74,7 @@ constexpr int kMaxAttributes = 64;  // live and dropped columns of the table
 // key, entries in every plain B-Tree index, replica identity, serialization conflicts).
 enum class ExecutorReason {
   kNone,
+  kRequested,          // idempotency.executor_path (a superuser's switch, for tests)
   kNotHeapTable,       // a partition, another table access method, or too many columns
   kUserColumn,         // a column we do not know: its default and constraints
   kTypmod,             // a typmod (say timestamptz(0)) is a coercion
@@ -267,6 +271,7 @@ void load_layout(Relation table) {
 // Per call (the relcache entry is current once the table is locked): the first reason of
 // ExecutorReason that applies to this write, kNone when the direct path may write.
 ExecutorReason needs_executor(Relation table) {
+  if (gucs::executor_path) return ExecutorReason::kRequested;
   if (layout.executor_reason != ExecutorReason::kNone) return layout.executor_reason;
   if (table->rd_rel->relispartition) return ExecutorReason::kNotHeapTable;
   if (table->trigdesc != nullptr) return ExecutorReason::kTrigger;
@@ -467,8 +472,9 @@ void raise_committed_after_snapshot(text* key) {
 bool available() {
   // Citus can only be loaded with the server (shared_preload_libraries), before any call
   // here, so the answer holds for the backend's life: looked up once, not on every call.
-  static const bool without_citus = GetConfigOption("citus.version", true, false) == nullptr;
-  return without_citus;
+  // idempotency.executor_path sends reads through SPI too, as on Citus.
+  static const bool without_citus = !citus_guard::citus_loaded();
+  return without_citus && !gucs::executor_path;
 }
 
 bool direct_path() {
