@@ -472,13 +472,16 @@ void raise_committed_after_snapshot(text* key) {
 bool available() {
   // Citus can only be loaded with the server (shared_preload_libraries), before any call
   // here, so the answer holds for the backend's life: looked up once, not on every call.
-  // idempotency.executor_path sends reads through SPI too, as on Citus.
   static const bool without_citus = !citus_guard::citus_loaded();
-  return without_citus && !gucs::executor_path;
+  return without_citus;
 }
 
+// The one place that decides, per call, whether the table is reached directly at all
+// (reads and writes); the table's shape then decides the writes (needs_executor).
+// idempotency.executor_path sends everything through SPI, as on Citus.
 bool direct_path() {
-  return available() && ExecutorCheckPerms_hook == nullptr && object_access_hook == nullptr;
+  return available() && !gucs::executor_path && ExecutorCheckPerms_hook == nullptr &&
+         object_access_hook == nullptr;
 }
 
 namespace {
