@@ -33,7 +33,7 @@ sub add_keys {
   my ($db, $prefix, $n, $expires) = @_;
   $node->safe_psql($db, qq{
     INSERT INTO idempotency_keys (key, owner, ttl, lease, created_at, expires_at, updated_at)
-    SELECT '$prefix' || g, 10, '1 hour', '5 min', now() - interval '2 hours', $expires, now()
+    SELECT '$prefix' || g, current_user, '1 hour', '5 min', now() - interval '2 hours', $expires, now()
       FROM generate_series(1, $n) g});
 }
 
@@ -118,7 +118,7 @@ $node->safe_psql('alpha', q{
     SELECT 'soon' || g AS key, clock_timestamp() + g * interval '1 second' AS expires_at
       FROM generate_series(1, 59) g;
   INSERT INTO idempotency_keys (key, owner, ttl, lease, created_at, expires_at, updated_at)
-    SELECT key, 10, '1 hour', '5 min', now(), expires_at, now() FROM soon});
+    SELECT key, current_user, '1 hour', '5 min', now(), expires_at, now() FROM soon});
 my $soon_runs = stat_of('alpha', 'cleanup_runs');
 ok(two_more_rounds('alpha', $soon_runs),
   'two more rounds ran after keys expiring within the next minute were added');
@@ -186,7 +186,7 @@ is($node->safe_psql('alpha', q{SELECT status FROM claim_key('busy2')}), 'claimed
 $node->safe_psql('postgres', 'CREATE ROLE gone_app');
 $node->safe_psql('alpha', q{
   INSERT INTO idempotency_keys (key, owner, ttl, lease, created_at, expires_at, updated_at)
-  SELECT 'orphan' || g, 'gone_app'::regrole, '1 hour', '5 min', now(), now() + interval '1 hour', now()
+  SELECT 'orphan' || g, 'gone_app', '1 hour', '5 min', now(), now() + interval '1 hour', now()
     FROM generate_series(1, 20) g});
 my $orphan_runs = stat_of('alpha', 'cleanup_runs');
 ok(two_more_rounds('alpha', $orphan_runs), 'two more rounds ran while the role existed');

@@ -33,7 +33,7 @@ sub add_expired {
   my ($db, $prefix, $n) = @_;
   $node->safe_psql($db, qq{
     INSERT INTO idempotency_keys (key, owner, ttl, lease, created_at, expires_at, updated_at)
-    SELECT '$prefix' || g, 10, '1 hour', '5 min', now() - interval '2 hours',
+    SELECT '$prefix' || g, current_user, '1 hour', '5 min', now() - interval '2 hours',
            now() - interval '1 second', now()
       FROM generate_series(1, $n) g});
 }
