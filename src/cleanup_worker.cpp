@@ -52,7 +52,7 @@ constexpr long kRetryMs = 1000;
 // At most one WARNING about a full worker pool per this many milliseconds.
 constexpr int64 kWarningIntervalMs = 60 * 1000;
 // Seconds before the postmaster starts the launcher again when it exits with an error.
-constexpr int kLauncherRestartSeconds = 5;
+constexpr int kLauncherRestartSeconds = 1;
 // A database worker stops after this much work and the launcher starts the next round at
 // once: a connection never lasts much longer than this, so DROP DATABASE (which waits up to
 // 5 s for other connections to go) always gets through, even during a long cleanup.
