@@ -20,7 +20,10 @@ OBJS        = src/pg_boundary.o \
               src/key_heap.o \
               src/key_store.o \
               src/claim_protocol.o \
+              src/cleanup_shared.o \
+              src/worker_session.o \
               src/cleanup.o \
+              src/cleanup_call.o \
               src/cleanup_worker.o \
               src/citus_guard.o \
               src/installation_check.o \

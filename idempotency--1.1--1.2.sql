@@ -44,6 +44,105 @@ SELECT pg_catalog.pg_extension_config_dump('@extschema@.idempotency_keys',
 -- Monitoring and statistics (section: monitoring)
 -------------------------------------------------------------------------------
 
+-- idempotency_cleanup() runs its deletions in a background worker of its own, each batch
+-- committed there: the calling transaction holds no lock on any key, so it never blocks a
+-- claim, however long it stays open.
+COMMENT ON FUNCTION @extschema@.idempotency_cleanup(integer) IS
+  'Deletes expired keys, and keys whose owner names no role, now; returns how many. The '
+  'deletions run in a background worker of their own, in batches of batch_size (default '
+  'idempotency.cleanup_batch_size), each committed there with SKIP LOCKED: the caller''s '
+  'transaction holds no lock on any key, sees the keys gone, and cannot roll the deletions '
+  'back; only committed keys are seen. Needs a free max_worker_processes slot (53400 when '
+  'none is). Without shared_preload_libraries every call also reads the whole table for keys '
+  'of dropped or renamed roles; with it, only after a role changed. Usable from pg_cron.';
+
+-- The statistics gain four columns. They come after note, so that a library newer than its
+-- installation still answers the 1.1 declaration; the view and its function are made again
+-- (a view of the user's on top of idempotency_stats makes this update fail: drop it first).
+DROP VIEW @extschema@.idempotency_stats;
+DROP FUNCTION @extschema@.idempotency_stats_rows();
+
+CREATE FUNCTION @extschema@.idempotency_stats_rows(
+  OUT database oid, OUT shared_memory boolean,
+  OUT claimed bigint, OUT reclaimed bigint, OUT replayed bigint, OUT in_progress bigint,
+  OUT mismatched bigint, OUT completed bigint, OUT released bigint,
+  OUT expired_deleted bigint, OUT cleanup_runs bigint,
+  OUT last_cleanup timestamptz, OUT last_cleanup_deleted bigint, OUT stats_since timestamptz,
+  OUT last_error text, OUT note text,
+  OUT orphan_passes bigint, OUT last_orphan_pass timestamptz,
+  OUT worker_start_failures bigint, OUT last_start_failure timestamptz)
+RETURNS SETOF record
+AS 'MODULE_PATHNAME', 'idempotency_stats_rows'
+LANGUAGE C VOLATILE STRICT PARALLEL SAFE;
+COMMENT ON FUNCTION @extschema@.idempotency_stats_rows() IS
+  'Raw rows behind the idempotency_stats views.';
+REVOKE ALL ON FUNCTION @extschema@.idempotency_stats_rows() FROM PUBLIC;
+
+CREATE VIEW @extschema@.idempotency_stats AS
+  SELECT d.datname, s.*
+    FROM @extschema@.idempotency_stats_rows() s
+    LEFT JOIN pg_catalog.pg_database d ON d.oid OPERATOR(pg_catalog.=) s.database;
+COMMENT ON VIEW @extschema@.idempotency_stats IS
+  'Per database since server start: claim outcomes, completions, releases, cleanup runs and '
+  'deleted keys; passes over keys of dropped roles (orphan_passes, last_orphan_pass); '
+  'cleanup workers that could not start for want of a max_worker_processes slot '
+  '(worker_start_failures, last_start_failure). Needs shared_preload_libraries = '
+  '''idempotency''; without it, one row says so. Monitoring roles read '
+  'idempotency_monitor.idempotency_stats.';
+
+-- Monitoring roles read the statistics and nothing else. Until 1.1 they had USAGE on this
+-- schema, which let them call claim_key and write keys of their own.
+REVOKE USAGE ON SCHEMA @extschema@ FROM pg_monitor;
+
+-- A schema of the extension (dropped with it) with the one view monitoring roles need.
+-- Without IF NOT EXISTS: a schema of this name made by someone else beforehand makes CREATE
+-- EXTENSION (or this update) fail instead of handing over a schema its maker controls.
+CREATE SCHEMA idempotency_monitor;
+COMMENT ON SCHEMA idempotency_monitor IS
+  'The statistics of extension idempotency for monitoring roles: pg_monitor has USAGE here '
+  'and SELECT on idempotency_stats, and nothing in schema idempotency. Created by CREATE '
+  'EXTENSION idempotency, which fails if a schema of this name exists already.';
+CREATE VIEW idempotency_monitor.idempotency_stats AS
+  SELECT * FROM @extschema@.idempotency_stats;
+COMMENT ON VIEW idempotency_monitor.idempotency_stats IS
+  'idempotency.idempotency_stats for monitoring roles (members of pg_monitor).';
+
+-- Default privileges of the installing role may have granted rights on the objects above
+-- (ALTER DEFAULT PRIVILEGES ... ON TABLES, FUNCTIONS or SCHEMAS): nobody but their owner keeps
+-- one; the grants meant follow.
+DO $revoke$
+DECLARE
+  item record;
+BEGIN
+  FOR item IN
+    SELECT 'TABLE' AS kind, c.oid::pg_catalog.regclass::pg_catalog.text AS name, a.grantee
+      FROM pg_catalog.pg_class c, pg_catalog.aclexplode(c.relacl) a
+     WHERE c.oid OPERATOR(pg_catalog.=) ANY (ARRAY['@extschema@.idempotency_stats'::pg_catalog.regclass,
+             'idempotency_monitor.idempotency_stats'::pg_catalog.regclass]::pg_catalog.oid[])
+       AND a.grantee OPERATOR(pg_catalog.<>) c.relowner
+    UNION
+    SELECT 'FUNCTION', p.oid::pg_catalog.regprocedure::pg_catalog.text, a.grantee
+      FROM pg_catalog.pg_proc p, pg_catalog.aclexplode(p.proacl) a
+     WHERE p.oid OPERATOR(pg_catalog.=) '@extschema@.idempotency_stats_rows()'::pg_catalog.regprocedure
+       AND a.grantee OPERATOR(pg_catalog.<>) p.proowner
+    UNION
+    SELECT 'SCHEMA', pg_catalog.quote_ident(n.nspname), a.grantee
+      FROM pg_catalog.pg_namespace n, pg_catalog.aclexplode(n.nspacl) a
+     WHERE n.nspname OPERATOR(pg_catalog.=) 'idempotency_monitor'
+       AND a.grantee OPERATOR(pg_catalog.<>) n.nspowner
+  LOOP
+    EXECUTE pg_catalog.format('REVOKE ALL ON %s %s FROM %s', item.kind, item.name,
+      CASE WHEN item.grantee OPERATOR(pg_catalog.=) 0 THEN 'PUBLIC'
+           ELSE pg_catalog.quote_ident(pg_catalog.pg_get_userbyid(item.grantee)) END);
+  END LOOP;
+END
+$revoke$;
+
+-- A view calls its functions with the querying role's rights: EXECUTE on the rows function.
+GRANT EXECUTE ON FUNCTION @extschema@.idempotency_stats_rows() TO pg_monitor;
+GRANT USAGE ON SCHEMA idempotency_monitor TO pg_monitor;
+GRANT SELECT ON idempotency_monitor.idempotency_stats TO pg_monitor;
+
 -------------------------------------------------------------------------------
 -- Security checks (section: security)
 -------------------------------------------------------------------------------

@@ -19,6 +19,7 @@ int cleanup_batch_size = 5000;
 int cleanup_delay_ms = 5;
 char* databases = nullptr;
 bool executor_path = false;
+bool cleanup_worker = true;
 
 namespace {
 // Accepts '' or a comma-separated list of plain database names.
@@ -94,6 +95,14 @@ void define() {
       "Route every claim through the executor (SPI) instead of the direct heap path; for tests "
       "and diagnosis.",
       nullptr, &executor_path, false, PGC_SUSET, 0, nullptr, nullptr, nullptr);
+  // Superuser-only, so that no database owner can stop the cleanup of his database (the
+  // worker reads a database's setting from pg_db_role_setting itself, before and after every
+  // batch, whatever the settings it runs with: cleanup.cpp).
+  DefineCustomBoolVariable(
+      "idempotency.cleanup_worker", "Whether the background worker cleans up.",
+      "off in postgresql.conf: in no database; ALTER DATABASE ... SET "
+      "idempotency.cleanup_worker = off: not in that one. idempotency_cleanup() works either way.",
+      &cleanup_worker, true, PGC_SUSET, 0, nullptr, nullptr, nullptr);
   MarkGUCPrefixReserved("idempotency");
 }
 

@@ -29,5 +29,6 @@ extern int cleanup_interval_ms;
 extern int cleanup_batch_size;
 extern int cleanup_delay_ms;  // pause of the worker after each batch
 extern char* databases;       // comma-separated list, empty = every database
+extern bool cleanup_worker;   // off: the worker leaves the server (or a database) alone
 
 }  // namespace idem::gucs
