@@ -182,6 +182,18 @@ void push_pending(LauncherState& state, Oid database) {
   state.pending[state.pending_count++] = database;
 }
 
+// A database that a failed DROP DATABASE left half dropped (datconnlimit -2, since 15.4 and
+// its back-patches). Guarded on the symbol that came with it, not on the minor version: 15.0
+// to 15.3 build too, and have no such state.
+bool half_dropped(Form_pg_database database) {
+#ifdef DATCONNLIMIT_INVALID_DB
+  return database_is_invalid_form(database);
+#else
+  (void)database;
+  return false;
+#endif
+}
+
 // Reads pg_database (a shared catalog: no database connection needed) in a transaction
 // that ends before this returns: the launcher holds no snapshot between rounds. Fills the
 // pending list with the databases to serve, and forgets what it knew of dropped ones.
@@ -214,8 +226,7 @@ void plan_round(LauncherState& state) {
     existing[existing_count++] = database->oid;
     // Templates are skipped: a connection to template1 would make CREATE DATABASE fail.
     // So are databases that take no connections or are half dropped.
-    if (database->datistemplate || !database->datallowconn || database_is_invalid_form(database))
-      continue;
+    if (database->datistemplate || !database->datallowconn || half_dropped(database)) continue;
     if (!served_by_setting(NameStr(database->datname))) continue;
     // At most one worker per database, whoever started it.
     if (cleanup_shared::serving(database->oid)) continue;
