@@ -386,8 +386,9 @@ SELECT is((SELECT string_agg(status::text, ',' ORDER BY ordinality)
              FROM complete_keys(ARRAY['b-1'], ARRAY[token_of('b-1')], ARRAY['{"n": 1}']::jsonb[], ARRAY[201], '',
                                 ARRAY['\x00ff']::bytea[], ARRAY['{"Location": "/b/1"}']::jsonb[])),
           'replay', 'complete_keys: the same completion again is a no-op');
-SELECT is(try(format('SELECT * FROM complete_keys(ARRAY[%L], ARRAY[%L::uuid], NULL, ARRAY[201], %L, ARRAY[%L::bytea])',
-                     'b-1', token_of('b-1'), '', '\x00fe')),
+SELECT is(try(format('SELECT * FROM complete_keys(ARRAY[%L], ARRAY[%L::uuid], ARRAY[%L::jsonb], ARRAY[201], %L, '
+                     'ARRAY[%L::bytea], ARRAY[%L::jsonb])', 'b-1', token_of('b-1'), '{"n": 1}', '', '\x00fe',
+                     '{"Location": "/b/1"}')),
           '55000: idempotency key "b-1" was already completed with another response / At element 1 of keys.',
           'complete_keys: another body under the same token: 55000');
 BEGIN;
