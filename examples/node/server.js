@@ -126,7 +126,7 @@ async function postPayment(req, res) {
     const { rows: [claim] } = await client.query(
       `SELECT status::text, token, response_code, response_body, response_headers,
               ceil(extract(epoch FROM retry_after))::int AS retry_after
-         FROM idempotency.claim_key($1, idempotency.request_fingerprint($2::jsonb), $3)`,
+         FROM idempotency.claim_key($1::text, idempotency.request_fingerprint($2::jsonb), $3::text)`,
       [key, raw, scope]);
 
     switch (claim.status) {
@@ -136,8 +136,8 @@ async function postPayment(req, res) {
         // Stored as sent: the status, the headers the handler set (not Content-Length, which
         // follows from the body) and the body's bytes (a Buffer is sent as bytea).
         await client.query(
-          `SELECT idempotency.complete_key($1, $2, NULL, $3, $4,
-                                           response_body => $5, response_headers => $6)`,
+          `SELECT idempotency.complete_key($1::text, $2::uuid, NULL, $3::int, $4::text,
+                                           response_body => $5::bytea, response_headers => $6::jsonb)`,
           [key, claim.token, response.status, scope, response.body, JSON.stringify(response.headers)]);
         await client.query('COMMIT');
         return write(res, response);
