@@ -44,6 +44,20 @@ has() {
   echo "    no line matching /$2/ in:" && sed 's/^/    | /' "$1"
   return 1
 }
+# results NAME LOG PASSES FAILS RC: adds the counts of a test program's run (PASSES and FAILS,
+# read from its output LOG) to the suite's; a run without results, or that failed without a
+# failed test, is a failure. LOG (and LOG.err) are shown when something failed.
+results() {
+  if [[ -z $3 || -z $4 ]] || (($3 == 0)); then
+    cat "$2" "$2.err" 2>/dev/null | sed 's/^/    | /'
+    not_ok "$1: the test run produced no results (exit $5)"
+    return
+  fi
+  passed=$((passed + $3))
+  failed=$((failed + $4))
+  (($4 > 0)) && sed 's/^/    | /' "$2"
+  (($5 != 0 && $4 == 0)) && not_ok "$1: the test run exited $5"
+}
 q() { psql -X -At -v ON_ERROR_STOP=1 "$@"; }
 
 PGPORT_EX="$(idem_free_port 5480 5489)" || idem_die "no free port in 5480-5489"
@@ -148,17 +162,8 @@ http_port="$(idem_free_port $((PGPORT_EX + 1)) 5489)" || idem_die "no free HTTP 
 documented node "npm test" "$OUT/node.tap" "s/HTTP_PORT=3001/HTTP_PORT=$http_port/"
 rc_node=$?
 grep -E '^(not )?ok |^# (pass|fail)' "$OUT/node.tap" | sed 's/^/    /'
-np="$(sed -n 's/^# pass \([0-9]*\)$/\1/p' "$OUT/node.tap" | tail -1)"
-nf="$(sed -n 's/^# fail \([0-9]*\)$/\1/p' "$OUT/node.tap" | tail -1)"
-if [[ -z $np || -z $nf ]] || ((np == 0)); then
-  sed 's/^/    | /' "$OUT/node.tap" "$OUT/node.tap.err"
-  not_ok "node: npm ci and the test run produced no results (exit $rc_node)"
-else
-  passed=$((passed + np))
-  failed=$((failed + nf))
-  ((nf > 0)) && sed 's/^/    | /' "$OUT/node.tap"
-  ((rc_node != 0 && nf == 0)) && not_ok "node: npm ci / npm test exit $rc_node"
-fi
+results "node: npm ci / npm test" "$OUT/node.tap" "$(sed -n 's/^# pass \([0-9]*\)$/\1/p' "$OUT/node.tap" | tail -1)" \
+  "$(sed -n 's/^# fail \([0-9]*\)$/\1/p' "$OUT/node.tap" | tail -1)" "$rc_node"
 check "node: each effect once in the database" \
   test "$(q -d app -c "SELECT count(*) FROM (SELECT idempotency_key FROM payments
                                              GROUP BY 1 HAVING count(*) > 1) s")" = 0
@@ -204,17 +209,8 @@ mw_port="$(idem_free_port $((PGPORT_EX + 1)) 5489)" || idem_die "no free HTTP po
 HTTP_PORT="$mw_port" go_mw go test -v -count=1 . >"$OUT/go-mw.log" 2>&1
 rc_mw=$?
 grep -E '^--- (PASS|FAIL)' "$OUT/go-mw.log" | sed 's/^/    /'
-mp="$(grep -c '^--- PASS' "$OUT/go-mw.log")"
-mf="$(grep -c '^--- FAIL' "$OUT/go-mw.log")"
-if ((mp == 0)); then
-  sed 's/^/    | /' "$OUT/go-mw.log"
-  not_ok "go middleware: go test produced no results (exit $rc_mw)"
-else
-  passed=$((passed + mp))
-  failed=$((failed + mf))
-  ((mf > 0)) && sed 's/^/    | /' "$OUT/go-mw.log"
-  ((rc_mw != 0 && mf == 0)) && not_ok "go middleware: go test exit $rc_mw"
-fi
+results "go middleware: go test" "$OUT/go-mw.log" "$(grep -c '^--- PASS' "$OUT/go-mw.log")" \
+  "$(grep -c '^--- FAIL' "$OUT/go-mw.log")" "$rc_mw"
 check "go middleware: every key belongs to app" \
   test "$(q -d app -c "SELECT count(*) > 0 AND bool_and(owner::text = 'app') FROM idempotency.idempotency_keys")" = t
 check "go middleware: the receipts are stored as their ISO-8859-1 bytes (not UTF-8)" \
