@@ -12,7 +12,7 @@
 \pset tuples_only on
 SET client_min_messages = warning;
 
-SELECT plan(121);
+SELECT plan(123);
 
 -- Claims k and completes it in the same statement (the inbox pattern). (Arguments by number:
 -- claim_result has a column named response.)
@@ -400,6 +400,12 @@ SELECT is((SELECT string_agg(row(key, response_body, response_headers)::text, ' 
 COMMIT;
 SELECT is((SELECT string_agg(encode(response_body, 'hex'), ',' ORDER BY key) FROM idempotency_keys WHERE key LIKE 'bi-%'),
           '01,02', 'and stored');
+SELECT hold('bn-1');
+SELECT is((SELECT row(key, response_code, response_body, response_headers)::text
+             FROM complete_keys(keys => ARRAY['bn-1'], tokens => ARRAY[token_of('bn-1')], responses => NULL,
+                                response_codes => ARRAY[201], response_headers => ARRAY['{"Location": "/n/1"}'::jsonb],
+                                response_bodies => ARRAY['\x6e'::bytea])),
+          '(bn-1,201,"\\x6e","{""Location"": ""/n/1""}")', 'complete_keys: bodies and headers by name, in any order');
 SELECT hold('bv-1', 'bv-2');
 CREATE TEMP TABLE batch_before AS SELECT row_of('bv-1') || row_of('bv-2') AS r;
 SELECT is(try(format('SELECT * FROM complete_keys(ARRAY[%L, %L], ARRAY[%L::uuid, %L::uuid], NULL, NULL, %L, NULL, %L::jsonb[])',
@@ -452,6 +458,11 @@ SELECT is((SELECT string_agg(parameter_types::text, '') FROM pg_prepared_stateme
 SELECT is((SELECT status FROM claim_key('old-prep5')), 'replay', 'which completed its key');
 SELECT is((SELECT row(status, response_code, response_body)::text FROM complete_key('old-6', token_of('old-6'), NULL, 200, '', '\x01')),
           '(replay,200,"\\x01")', 'six positional arguments: the sixth is the body');
+SELECT hold('named-new');
+SELECT is((SELECT row(response_code, response_body, response_headers)::text
+             FROM complete_key('named-new', token_of('named-new'), NULL, response_headers => '{"ETag": "e1"}',
+                               response_code => 304, response_body => '\x')),
+          '(304,"\\x","{""ETag"": ""e1""}")', 'the new arguments by name, without the scope');
 SELECT is((SELECT string_agg(status::text, ',' ORDER BY ordinality)
              FROM complete_keys(ARRAY['old-prep7'], ARRAY[token_of('old-prep7')], ARRAY['{}']::jsonb[])),
           'replay', '1.1 call of complete_keys: three arguments');
