@@ -51,10 +51,10 @@ void define() {
   DefineCustomIntVariable("idempotency.max_key_length", "Longest accepted key, in bytes.", nullptr,
                           &max_key_length, 255, 1, kKeyLengthCeiling, PGC_SUSET, 0, nullptr,
                           nullptr, nullptr);
-  DefineCustomIntVariable("idempotency.max_response_size",
-                          "Largest accepted stored response (jsonb), in bytes.", nullptr,
-                          &max_response_size, 1024 * 1024, 1, MaxAllocSize / 2, PGC_SUSET,
-                          GUC_UNIT_BYTE, nullptr, nullptr, nullptr);
+  DefineCustomIntVariable(
+      "idempotency.max_response_size", "Largest accepted stored response, in bytes.",
+      "The jsonb response, the body and the headers together.", &max_response_size, 1024 * 1024, 1,
+      MaxAllocSize / 2, PGC_SUSET, GUC_UNIT_BYTE, nullptr, nullptr, nullptr);
   // Every role that may call claim_key stores rows in a table it does not own: each value
   // is bounded, and the bounds are for superusers to set (PGC_SUSET).
   DefineCustomIntVariable("idempotency.max_ttl", "Longest ttl a claim may ask for.",

@@ -24,12 +24,14 @@ enum Column {
   kResponseCode,
   kUpdatedAt,
   kResponse,
+  kResponseBody,
+  kResponseHeaders,
   kColumnCount
 };
-// Each column as idempotency--1.0.sql creates it. A NOT NULL added to another column is a
-// constraint the direct path would not check, so such a table goes to the executor. The
-// status column is the extension's enum, checked by its kind (type InvalidOid here).
-// `claim_writes`: the executor's INSERT of a claim lists the column, so a default of it is
+// Each column as the scripts create it (1.0, and the response as sent added by 1.2). A NOT NULL
+// added to another column is a constraint the direct path would not check, so such a table goes to
+// the executor. The status column is the extension's enum, checked by its kind (type InvalidOid
+// here). `claim_writes`: the executor's INSERT of a claim lists the column, so a default of it is
 // never used; for the others the executor would fill in their default.
 struct ColumnSpec {
   const char* name;
@@ -55,11 +57,17 @@ constexpr ColumnSpec kColumns[kColumnCount] = {
     {"response_code", INT4OID, "integer", false, false},
     {"updated_at", TIMESTAMPTZOID, "timestamptz", true, true},
     {"response", JSONBOID, "jsonb", false, false},
+    {"response_body", BYTEAOID, "bytea", false, false},
+    {"response_headers", JSONBOID, "jsonb", false, false},
 };
 // The column behind each RowColumn of key_row.hpp (index 0 unused).
-constexpr Column kRowColumnSource[] = {
-    kStatus,      kStatus,   kFingerprint, kResponse,  kResponseCode, kRecoveryPoint, kLeaseToken,
-    kLockedUntil, kAttempts, kTtl,         kCreatedAt, kExpiresAt,    kLease};
+constexpr Column kRowColumnSource[] = {kStatus,       kStatus,        kFingerprint,    kResponse,
+                                       kResponseCode, kRecoveryPoint, kLeaseToken,     kLockedUntil,
+                                       kAttempts,     kTtl,           kCreatedAt,      kExpiresAt,
+                                       kLease,        kResponseBody,  kResponseHeaders};
+static_assert(sizeof kRowColumnSource / sizeof kRowColumnSource[0] ==
+                  key_store::kRowResponseHeaders + 1,
+              "one source column per RowColumn");
 
 // Indexes the direct path keeps open for a write. Generous: a cancelled REINDEX CONCURRENTLY
 // (which a database owner may run) leaves a copy of each index behind, and such leftovers must
@@ -694,7 +702,8 @@ std::optional<KeyRow> complete(Oid table, const key_store::RowAddress& where, te
       return false;
     }
     uint64 changed = 0;
-    for (Column column : {kStatus, kResponseCode, kUpdatedAt, kResponse})
+    for (Column column :
+         {kStatus, kResponseCode, kUpdatedAt, kResponse, kResponseBody, kResponseHeaders})
       changed |= uint64{1} << at(column);
     if (DatumGetTimestampTz(values[at(kExpiresAt)]) != expires_at)
       changed |= uint64{1} << at(kExpiresAt);
@@ -704,6 +713,10 @@ std::optional<KeyRow> complete(Oid table, const key_store::RowAddress& where, te
     values[at(kUpdatedAt)] = TimestampTzGetDatum(now);
     values[at(kResponse)] = PointerGetDatum(outcome.response);
     nulls[at(kResponse)] = outcome.response == nullptr;
+    values[at(kResponseBody)] = PointerGetDatum(outcome.response_body);
+    nulls[at(kResponseBody)] = outcome.response_body == nullptr;
+    values[at(kResponseHeaders)] = PointerGetDatum(outcome.response_headers);
+    nulls[at(kResponseHeaders)] = outcome.response_headers == nullptr;
     values[at(kExpiresAt)] = TimestampTzGetDatum(expires_at);
     // The pin kept the old tuple's bytes in place until they are copied here.
     HeapTuple tuple = heap_form_tuple(desc, values, nulls);

@@ -11,13 +11,16 @@ namespace {
 // The columns of a KeyRow, in the order of RowColumn (key_row.hpp).
 constexpr const char* kRowColumns =
     "status OPERATOR(pg_catalog.=) 'completed', fingerprint, response, response_code, "
-    "recovery_point, lease_token, locked_until, attempts, ttl, created_at, expires_at, lease";
+    "recovery_point, lease_token, locked_until, attempts, ttl, created_at, expires_at, lease, "
+    "response_body, response_headers";
 // The type of each column of kRowColumns: a result of another shape is refused before a
 // value of it is read (a statement re-planned against something else must never have its
 // values taken for ours).
-constexpr Oid kRowColumnTypes[] = {BOOLOID,     BYTEAOID,       JSONBOID,       INT4OID,
-                                   TEXTOID,     UUIDOID,        TIMESTAMPTZOID, INT4OID,
-                                   INTERVALOID, TIMESTAMPTZOID, TIMESTAMPTZOID, INTERVALOID};
+constexpr Oid kRowColumnTypes[] = {
+    BOOLOID, BYTEAOID,    JSONBOID,       INT4OID,        TEXTOID,     UUIDOID,  TIMESTAMPTZOID,
+    INT4OID, INTERVALOID, TIMESTAMPTZOID, TIMESTAMPTZOID, INTERVALOID, BYTEAOID, JSONBOID};
+static_assert(sizeof kRowColumnTypes / sizeof kRowColumnTypes[0] == kRowResponseHeaders,
+              "one type per RowColumn");
 // A key is (owner, scope, key), the owner being the claiming role's name: $1 scope, $2 key, and
 // the owner where each statement has it.
 constexpr const char* kWhereKey =
@@ -74,8 +77,8 @@ PlanSpec spec_of(PlanId id, const std::string& table) {
       return {"UPDATE " + table +
                   " SET fingerprint = $4, attempts = 1, ttl = $5, lease = $10, created_at = $6,"
                   " expires_at = $7, lease_token = $8, locked_until = $9, recovery_point = NULL,"
-                  " status = 'processing', response_code = NULL, updated_at = $6, response = NULL"
-                  " WHERE " +
+                  " status = 'processing', response_code = NULL, updated_at = $6, response = NULL,"
+                  " response_body = NULL, response_headers = NULL WHERE " +
                   kWhereKey + kAndOwner3,
               claim_types};
     case kReclaim:
@@ -87,14 +90,14 @@ PlanSpec spec_of(PlanId id, const std::string& table) {
                   kWhereKey + kAndOwner3 + returning,
               claim_types};
     case kComplete:
-      // Only columns at the end of the row change (and expires_at keeps its value in the
-      // inbox pattern): a small, usually HOT, update.
-      return {
-          "UPDATE " + table +
-              " SET status = 'completed', response_code = $7, updated_at = $5, response = $6,"
-              " expires_at = $8 WHERE " +
-              fence + returning,
-          {TEXTOID, TEXTOID, UUIDOID, TEXTOID, TIMESTAMPTZOID, JSONBOID, INT4OID, TIMESTAMPTZOID}};
+      // Columns at the end of the row change, and expires_at moves to the completion time +
+      // ttl (SPEC section 2): an update whose WAL record stays small.
+      return {"UPDATE " + table +
+                  " SET status = 'completed', response_code = $7, updated_at = $5, response = $6,"
+                  " expires_at = $8, response_body = $9, response_headers = $10 WHERE " +
+                  fence + returning,
+              {TEXTOID, TEXTOID, UUIDOID, TEXTOID, TIMESTAMPTZOID, JSONBOID, INT4OID,
+               TIMESTAMPTZOID, BYTEAOID, JSONBOID}};
     case kRelease:
       return {"UPDATE " + table +
                   " SET lease_token = NULL, locked_until = NULL, updated_at = $5 WHERE " + fence,
@@ -344,10 +347,14 @@ std::optional<KeyRow> Session::complete(text* scope, text* key, const pg_uuid_t&
                     TimestampTzGetDatum(now),
                     nullable(outcome.response),
                     Int32GetDatum(outcome.response_code.value_or(0)),
-                    TimestampTzGetDatum(expires_at)};
-  char nulls[] = "        ";
+                    TimestampTzGetDatum(expires_at),
+                    nullable(outcome.response_body),
+                    nullable(outcome.response_headers)};
+  char nulls[] = "          ";
   nulls[5] = null_flag(outcome.response);
   nulls[6] = outcome.response_code ? ' ' : 'n';
+  nulls[8] = null_flag(outcome.response_body);
+  nulls[9] = null_flag(outcome.response_headers);
   if (execute(kComplete, values, nulls, false, 0) != 1) return std::nullopt;
   return decode(0, caller_context_);
 }

@@ -69,6 +69,7 @@ extern "C" {
 #include "executor/executor.h"
 #include "executor/spi.h"
 #include "executor/tuptable.h"
+#include "mb/pg_wchar.h"
 #include "nodes/nodeFuncs.h"
 #include "nodes/params.h"
 #include "optimizer/planner.h"
