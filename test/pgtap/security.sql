@@ -107,7 +107,7 @@ CREATE FUNCTION sectest.row_of(who name, s text, k text) RETURNS text LANGUAGE s
                                  coalesce(response_code::text, '<NULL>'),
                                  coalesce(response::text, '<NULL>'))
                      FROM idempotency.idempotency_keys
-                    WHERE owner = who::regrole AND scope = s AND key = k), 'absent') $$;
+                    WHERE owner = who::text AND scope = s AND key = k), 'absent') $$;
 
 -------------------------------------------------------------------------------
 -- 1. A hostile search_path changes nothing. These are the first calls of the extension
@@ -202,7 +202,7 @@ SELECT is(sectest.row_of('sec_alice', 'sp-scope', 'sp-1'),
           'completed attempts=1 token=t rp=half-way code=201 response={"ok": true}',
           'hostile search_path: the real table holds the key as it should');
 SELECT ok((SELECT created_at > '2020-01-01' FROM idempotency.idempotency_keys
-            WHERE owner = 'sec_alice'::regrole AND key = 'sp-1'),
+            WHERE owner = 'sec_alice' AND key = 'sp-1'),
           'hostile search_path: times come from the server clock, not a look-alike now()');
 
 -------------------------------------------------------------------------------
@@ -395,10 +395,10 @@ SELECT is((SELECT count(*)::int FROM (
           'db owner attack: every planted look-alike row is untouched');
 SELECT is((SELECT string_agg(DISTINCT format('%s attempts=%s %s', status, attempts, recovery_point), ', ') || ' x' || count(*)
              FROM idempotency.idempotency_keys
-            WHERE owner = 'sec_dbowner'::regrole AND key IN (SELECT 'dk' || g FROM generate_series(4, 40, 4) g)),
+            WHERE owner = 'sec_dbowner' AND key IN (SELECT 'dk' || g FROM generate_series(4, 40, 4) g)),
           'processing attempts=2 step-2 x10', 'db owner attack: the released keys are in the real table, reclaimed, with their checkpoint');
 SELECT is((SELECT count(*)::int FROM idempotency.idempotency_keys
-            WHERE owner = 'sec_dbowner'::regrole AND key IN (SELECT 'dk' || g FROM generate_series(1, 40) g WHERE g % 4 <> 0)
+            WHERE owner = 'sec_dbowner' AND key IN (SELECT 'dk' || g FROM generate_series(1, 40) g WHERE g % 4 <> 0)
               AND status = 'completed' AND 'dk' || (response->>'i') = key AND response_code = 200
               AND recovery_point = 'step-2'),
           30, 'db owner attack: the completed keys are in the real table with their responses');
@@ -596,7 +596,7 @@ SELECT is(sectest.switch_in_transaction(), 'P0002',
 SELECT is(sectest.row_of('sec_alice', 'alice-scope', 'open') || ' / ' || sectest.row_of('sec_alice', 'alice-scope', 'switch'),
           'processing attempts=1 token=t rp=<NULL> code=<NULL> response=<NULL> / processing attempts=1 token=t rp=<NULL> code=<NULL> response=<NULL>',
           'squatting: alice''s claims are unchanged');
-SELECT is((SELECT string_agg(key, ', ' ORDER BY key) FROM idempotency.idempotency_keys WHERE owner = 'sec_bob'::regrole),
+SELECT is((SELECT string_agg(key, ', ' ORDER BY key) FROM idempotency.idempotency_keys WHERE owner = 'sec_bob'),
           'edge, k', 'squatting: bob owns only what he claimed and was accepted');
 
 -------------------------------------------------------------------------------
@@ -633,7 +633,7 @@ SELECT is(sectest.row_of('sec_alice', 'ora', 'ora-live') || ' / ' || sectest.row
 -------------------------------------------------------------------------------
 -- 6. Unbounded values (issue #11, attack 6), and least privilege.
 -------------------------------------------------------------------------------
-SELECT count(*) AS alice_rows_before FROM idempotency.idempotency_keys WHERE owner = 'sec_alice'::regrole \gset
+SELECT count(*) AS alice_rows_before FROM idempotency.idempotency_keys WHERE owner = 'sec_alice' \gset
 -- A 100 MB value kept compressed in a table: refused by its size, never detoasted.
 CREATE TABLE sectest.big AS SELECT repeat('y', 100 * 1024 * 1024) AS v, convert_to(repeat('y', 100 * 1024 * 1024), 'UTF8') AS b;
 GRANT SELECT ON sectest.big TO PUBLIC;
@@ -659,12 +659,12 @@ SELECT is(sectest.value_as('sec_alice', sql), expected, 'unbounded: ' || what)
     (18, $$SELECT status FROM idempotency.claim_key('k', wait => '-1 second')$$, 'ERROR 22023', 'a negative wait')
   ) AS t(n, sql, expected, what)
  ORDER BY n;
-SELECT is((SELECT count(*)::int FROM idempotency.idempotency_keys WHERE owner = 'sec_alice'::regrole), :alice_rows_before + 3,
+SELECT is((SELECT count(*)::int FROM idempotency.idempotency_keys WHERE owner = 'sec_alice'), :alice_rows_before + 3,
           'unbounded: only the accepted claims were stored (fp-64, rp, resp-max)');
 SELECT is(sectest.row_of('sec_alice', '', 'rp'), 'processing attempts=1 token=t rp=' || repeat('€', 341) || 'z code=<NULL> response=<NULL>',
           'unbounded: the refused recovery points changed nothing');
 SELECT is((SELECT count(*)::int FROM idempotency.idempotency_keys
-            WHERE owner = 'sec_alice'::regrole AND (key LIKE 'big-%' OR key IN ('fp-65', 'rp2', 'resp-over', 'resp-big'))), 0,
+            WHERE owner = 'sec_alice' AND (key LIKE 'big-%' OR key IN ('fp-65', 'rp2', 'resp-over', 'resp-big'))), 0,
           'unbounded: nothing of a refused call was stored');
 
 -- Least privilege: without USAGE on the schema nothing is reachable.
@@ -739,16 +739,15 @@ SELECT is(sectest.value_as('sec_gone', $$SELECT count(*) FROM (
             UNION ALL SELECT idempotency.complete_key('gone-done', (idempotency.claim_key('gone-done', NULL, 'gone')).token, '{"gone": true}', NULL, 'gone')
             UNION ALL SELECT idempotency.claim_key('gone-released', NULL, 'gone')) s$$),
           '3', 'dropped role: it owns three keys');
-SELECT 'sec_gone'::regrole::oid AS gone_oid \gset
-SELECT count(*) AS others_before FROM idempotency.idempotency_keys WHERE owner <> :gone_oid \gset
+SELECT count(*) AS others_before FROM idempotency.idempotency_keys WHERE owner <> 'sec_gone' \gset
 REVOKE USAGE ON SCHEMA idempotency FROM sec_gone;
 SELECT lives_ok('DROP ROLE sec_gone', 'dropped role: DROP ROLE succeeds although the role owns keys');
-SELECT is((SELECT count(*)::int FROM idempotency.idempotency_keys WHERE owner = :gone_oid), 3,
+SELECT is((SELECT count(*)::int FROM idempotency.idempotency_keys WHERE owner = 'sec_gone'), 3,
           'dropped role: its keys stay until the cleanup');
 SELECT cmp_ok(idempotency.idempotency_cleanup(), '>=', 3::bigint, 'dropped role: idempotency_cleanup() deletes them');
-SELECT is((SELECT count(*)::int FROM idempotency.idempotency_keys WHERE owner = :gone_oid), 0,
+SELECT is((SELECT count(*)::int FROM idempotency.idempotency_keys WHERE owner = 'sec_gone'), 0,
           'dropped role: none of its keys is left');
-SELECT is((SELECT count(*) FROM idempotency.idempotency_keys WHERE owner <> :gone_oid), :others_before::bigint,
+SELECT is((SELECT count(*) FROM idempotency.idempotency_keys WHERE owner <> 'sec_gone'), :others_before::bigint,
           'dropped role: the keys of existing roles are kept');
 
 -------------------------------------------------------------------------------

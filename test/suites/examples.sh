@@ -103,7 +103,7 @@ documented python "consumer.py --dsn" "$OUT/doc-py.log"
 check "README python command exits 0" test $? -eq 0
 shows_output "README python command prints what examples/README.md shows" "consumer.py --dsn" "$OUT/doc-py.log"
 check "README python: every key belongs to app" \
-  test "$(q -d app -c "SELECT count(*) > 0 AND bool_and(owner = 'app'::regrole) FROM idempotency.idempotency_keys")" = t
+  test "$(q -d app -c "SELECT count(*) > 0 AND bool_and(owner = 'app') FROM idempotency.idempotency_keys")" = t
 
 echo "# examples/README.md: Go"
 documented go "go run inbox.go" "$OUT/doc-go.log"
@@ -153,7 +153,7 @@ check "python race: B was told in_progress while A was running" has "$OUT/pyB.lo
 check "python race: B then got the replay" has "$OUT/pyB.log" $'race-1\treplay skipped \\(first delivery left balance=30\\)$'
 check "python race: one ledger row" test "$(q -d py -c "SELECT count(*) FROM ledger WHERE message_id = 'race-1'")" = 1
 check "python: every key belongs to the consumer's role" \
-  test "$(q -d py -c "SELECT count(*) > 0 AND bool_and(owner = 'py_app'::regrole) FROM idempotency.idempotency_keys")" = t
+  test "$(q -d py -c "SELECT count(*) > 0 AND bool_and(owner = 'py_app') FROM idempotency.idempotency_keys")" = t
 cat "$OUT/py1.log" "$OUT/pyA.log" "$OUT/pyB.log" | sed 's/^/    /'
 
 # --- Node.js: HTTP endpoint, as examples/README.md runs its tests ------------------------
@@ -168,7 +168,7 @@ check "node: each effect once in the database" \
   test "$(q -d app -c "SELECT count(*) FROM (SELECT idempotency_key FROM payments
                                              GROUP BY 1 HAVING count(*) > 1) s")" = 0
 check "node: the server ran as app, which owns every key" \
-  test "$(q -d app -c "SELECT count(*) > 0 AND bool_and(owner = 'app'::regrole)
+  test "$(q -d app -c "SELECT count(*) > 0 AND bool_and(owner = 'app')
                        FROM idempotency.idempotency_keys")" = t
 
 # --- psql walkthrough ------------------------------------------------------------------
