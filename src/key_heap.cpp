@@ -462,21 +462,6 @@ KeyRow decode_values(const Datum* values, const bool* nulls, MemoryContext conte
 
 }  // namespace
 
-namespace {
-
-// As INSERT .. ON CONFLICT does: a transaction that reads with one snapshot (REPEATABLE READ,
-// SERIALIZABLE) cannot decide from a version of the key committed after that snapshot.
-// pg-frame: runs inside pg_call only (owns no C++ object).
-void raise_committed_after_snapshot(text* key) {
-  ereport(ERROR, (errcode(ERRCODE_T_R_SERIALIZATION_FAILURE),
-                  errmsg("could not serialize access due to concurrent update"),
-                  errdetail("Idempotency key \"%s\" was written by a transaction that "
-                            "committed after this transaction's snapshot.",
-                            text_to_cstring(key))));
-}
-
-}  // namespace
-
 bool available() {
   // Citus can only be loaded with the server (shared_preload_libraries), before any call
   // here, so the answer holds for the backend's life: looked up once, not on every call.

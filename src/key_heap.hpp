@@ -25,6 +25,7 @@ namespace idem::key_heap {
 using key_store::ClaimValues;
 using key_store::KeyRow;
 using key_store::Outcome;
+using key_store::raise_committed_after_snapshot;
 
 // Citus keeps the rows in shards that only its planner routes to: there the local table is
 // an empty shell, and nothing here may be used.

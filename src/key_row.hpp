@@ -77,6 +77,18 @@ enum RowColumn {
   kRowResponseHeaders,
 };
 
+// As INSERT .. ON CONFLICT does: a transaction that reads with one snapshot (REPEATABLE READ,
+// SERIALIZABLE) cannot decide from a version of the key committed after that snapshot. Both
+// paths raise it where they find such a version.
+// pg-frame: raises; called inside pg_call.
+inline void raise_committed_after_snapshot(text* key) {
+  ereport(ERROR, (errcode(ERRCODE_T_R_SERIALIZATION_FAILURE),
+                  errmsg("could not serialize access due to concurrent update"),
+                  errdetail("Idempotency key \"%s\" was written by a transaction that "
+                            "committed after this transaction's snapshot.",
+                            text_to_cstring(key))));
+}
+
 // Builds a KeyRow from `column(number, &is_null)` (numbers of RowColumn; the status is
 // passed as `completed`), copying varlena values into `context` so they outlive the scan.
 // A NULL where the table has NOT NULL is refused, never dereferenced.

@@ -195,6 +195,18 @@ char null_flag(const void* pointer) {
   return pointer == nullptr ? 'n' : ' ';
 }
 
+// The same version of a key: any write of a claim, completion, release, checkpoint or take-over
+// changes one of these.
+bool same_version(const std::optional<KeyRow>& a, const std::optional<KeyRow>& b) {
+  if (!a || !b) return !a && !b;
+  const bool same_token =
+      a->lease_token.has_value() == b->lease_token.has_value() &&
+      (!a->lease_token || memcmp(a->lease_token->data, b->lease_token->data, UUID_LEN) == 0);
+  return a->completed == b->completed && same_token && a->locked_until == b->locked_until &&
+         a->attempts == b->attempts && a->created_at == b->created_at &&
+         a->expires_at == b->expires_at;
+}
+
 }  // namespace
 
 std::string qualified_name(Oid table) {
@@ -244,8 +256,17 @@ void Session::finish() {
 std::optional<KeyRow> Session::peek(text* owner, text* scope, text* key, bool* absent,
                                     bool fresh_snapshot) {
   *absent = false;
-  if (!key_heap::direct_path() || !ActiveSnapshotSet())
-    return find(owner, scope, key, fresh_snapshot);
+  if (!key_heap::direct_path() || !ActiveSnapshotSet()) {
+    std::optional<KeyRow> row = find(owner, scope, key, fresh_snapshot);
+    // A snapshot transaction reading through the executor: as the direct look raises 40001
+    // where a version committed after the snapshot would decide, so does this one, by
+    // reading the key again as of now (with the statement's own command id, so that this
+    // transaction's own writes look the same to both reads).
+    if (IsolationUsesXactSnapshot() && ActiveSnapshotSet() &&
+        !same_version(row, find_as_of_now(owner, scope, key)))
+      pg_call([&] { raise_committed_after_snapshot(key); });
+    return row;
+  }
   std::optional<KeyRow> row;
   switch (key_heap::look(table_, owner, scope, key, caller_context_, &row)) {
     case key_heap::Seen::kNothing:
@@ -267,6 +288,23 @@ std::optional<KeyRow> Session::find(text* owner, text* scope, text* key, bool fr
   bool read_only = !fresh_snapshot && ActiveSnapshotSet();
   if (execute(kFind, values, nullptr, read_only, 1) == 0) return std::nullopt;
   return decode(0, caller_context_);
+}
+
+std::optional<KeyRow> Session::find_as_of_now(text* owner, text* scope, text* key) {
+  Datum values[] = {PointerGetDatum(scope), PointerGetDatum(key), PointerGetDatum(owner)};
+  connect();
+  pg_call([] {
+    const CommandId statement_command = GetActiveSnapshot()->curcid;
+    PushCopiedSnapshot(GetLatestSnapshot());
+    GetActiveSnapshot()->curcid = statement_command;
+  });
+  // read_only: SPI runs the statement with the active snapshot, the one pushed here. An error
+  // leaves it to transaction abort, which pops every snapshot.
+  const uint64 found = run(kFind, values, nullptr, true, 1);
+  std::optional<KeyRow> row;
+  if (found > 0) row = decode(0, caller_context_);
+  pg_call([] { PopActiveSnapshot(); });
+  return row;
 }
 
 std::optional<KeyRow> Session::lock(text* owner, text* scope, text* key) {
