@@ -12,7 +12,7 @@
 SET client_min_messages = warning;
 CREATE EXTENSION amcheck;
 
-SELECT plan(93);
+SELECT plan(76);
 
 -- A key's row in one comparable string (status, attempts, code, response, recovery point).
 CREATE FUNCTION row_of(k text) RETURNS text LANGUAGE sql AS $$
