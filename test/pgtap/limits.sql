@@ -17,6 +17,23 @@ SELECT plan(77);
 CREATE FUNCTION rows_of(k text) RETURNS int LANGUAGE sql AS
   $$ SELECT count(*)::int FROM idempotency.idempotency_keys WHERE key = k $$;
 
+-- A claim of k by `call` (claim_key or claim_keys, default ttl and lease) with `setting` at
+-- `value` for its transaction: how long the key lives and its lease, or how it failed.
+CREATE FUNCTION claim_with(setting text, value text, call text, k text) RETURNS text LANGUAGE plpgsql AS $$
+DECLARE state text; message text;
+BEGIN
+  PERFORM set_config(setting, value, true);
+  BEGIN
+    EXECUTE CASE call WHEN 'claim_key' THEN 'SELECT idempotency.claim_key($1)'
+                      ELSE 'SELECT * FROM idempotency.claim_keys(ARRAY[$1])' END USING k;
+  EXCEPTION WHEN OTHERS THEN
+    GET STACKED DIAGNOSTICS state = RETURNED_SQLSTATE, message = MESSAGE_TEXT;
+    RETURN format('ERROR %s %s', state, message);
+  END;
+  RETURN (SELECT format('expires %s, lease %s', expires_at - created_at, locked_until - created_at)
+            FROM idempotency.idempotency_keys WHERE key = k);
+END $$;
+
 -------------------------------------------------------------------------------
 -- 1. Key and scope length, in bytes (idempotency.max_key_length, 255 by default).
 -------------------------------------------------------------------------------
@@ -147,16 +164,9 @@ SELECT throws_ok($$SELECT * FROM claim_keys(ARRAY['ttl-over'], ttl => '30 days 0
                  'ttl: claim_keys refuses 30 days and a microsecond');
 SELECT is((SELECT status FROM claim_keys(ARRAY['ttl-batch-30d'], ttl => '30 days')), 'claimed', 'ttl: claim_keys accepts 30 days');
 SELECT is(rows_of('ttl-over'), 0, 'ttl: the refused claims stored nothing');
-SET idempotency.default_ttl = '30d';
-CREATE TEMP TABLE ttl_default AS SELECT * FROM claim_key('ttl-default-30d', lease => '1 min');
-SELECT is((SELECT expires_at - created_at FROM ttl_default), '30 days'::interval,
-          'ttl: a default_ttl of exactly max_ttl is accepted');
 SET idempotency.default_ttl = '2592001s';
-SELECT throws_ok($$SELECT claim_key('ttl-default-over')$$, '22023', 'idempotency.default_ttl exceeds idempotency.max_ttl',
-                 'ttl: a default_ttl one second over max_ttl is refused (22023)');
-SELECT throws_ok($$SELECT * FROM claim_keys(ARRAY['ttl-default-over'])$$, '22023', NULL,
-                 'ttl: claim_keys refuses it too');
-SELECT is((claim_key('ttl-default-over', ttl => '1 hour')).status, 'claimed', 'ttl: an explicit ttl does not use the default');
+SELECT is((claim_key('ttl-default-over', ttl => '1 hour')).status, 'claimed',
+          'ttl: an explicit ttl does not use the default (over max_ttl here)');
 RESET idempotency.default_ttl;
 SET idempotency.max_ttl = '1h';
 SELECT is((claim_key('ttl-1h', ttl => '1 hour', lease => '1 min')).status, 'claimed', 'ttl: 1 hour with max_ttl = 1h is accepted');
@@ -187,16 +197,25 @@ SELECT throws_ok(format('SELECT checkpoint_key(%L, %L, %L, lease => %L)', 'lease
                         '24 hours 0.000001 s'),
                  '22023', NULL, 'lease: checkpoint_key refuses 24 hours and a microsecond');
 SELECT is((SELECT recovery_point FROM idempotency_keys WHERE key = 'lease-24h'), 'step', 'lease: the refused checkpoint changed nothing');
-SET idempotency.default_lease = '24h';
-CREATE TEMP TABLE lease_default AS SELECT * FROM claim_key('lease-default-24h');
-SELECT is((SELECT locked_until - created_at FROM idempotency_keys WHERE key = 'lease-default-24h'), '24 hours'::interval,
-          'lease: a default_lease of exactly max_lease is accepted');
-SET idempotency.default_lease = '86401s';
-SELECT throws_ok($$SELECT claim_key('lease-default-over')$$, '22023', 'idempotency.default_lease exceeds idempotency.max_lease',
-                 'lease: a default_lease one second over max_lease is refused (22023)');
-SELECT throws_ok($$SELECT * FROM claim_keys(ARRAY['lease-default-over'])$$, '22023', NULL,
-                 'lease: claim_keys refuses it too');
-RESET idempotency.default_lease;
+-- ttl and lease taken from idempotency.default_ttl / default_lease: at max_ttl / max_lease
+-- accepted, a second over refused.
+SELECT is(claim_with(setting, value, call, k), expected, what)
+  FROM (VALUES ('idempotency.default_ttl', '30d', 'claim_key', 'ttl-default-30d', 'expires 30 days, lease 00:05:00',
+                'ttl: a default_ttl of exactly max_ttl is accepted'),
+               ('idempotency.default_ttl', '2592001s', 'claim_key', 'ttl-default-over',
+                'ERROR 22023 idempotency.default_ttl exceeds idempotency.max_ttl',
+                'ttl: a default_ttl one second over max_ttl is refused (22023)'),
+               ('idempotency.default_ttl', '2592001s', 'claim_keys', 'ttl-default-over',
+                'ERROR 22023 idempotency.default_ttl exceeds idempotency.max_ttl',
+                'ttl: claim_keys refuses it too'),
+               ('idempotency.default_lease', '24h', 'claim_key', 'lease-default-24h', 'expires 1 day, lease 1 day',
+                'lease: a default_lease of exactly max_lease is accepted'),
+               ('idempotency.default_lease', '86401s', 'claim_key', 'lease-default-over',
+                'ERROR 22023 idempotency.default_lease exceeds idempotency.max_lease',
+                'lease: a default_lease one second over max_lease is refused (22023)'),
+               ('idempotency.default_lease', '86401s', 'claim_keys', 'lease-default-over',
+                'ERROR 22023 idempotency.default_lease exceeds idempotency.max_lease',
+                'lease: claim_keys refuses it too')) AS cases(setting, value, call, k, expected, what);
 SET idempotency.max_lease = '10min';
 SELECT is((claim_key('lease-10min', lease => '10 min')).status, 'claimed', 'lease: 10 min with max_lease = 10min is accepted');
 SELECT throws_ok($$SELECT claim_key('lease-10min-over', lease => '600.000001 s')$$, '22023', NULL,
