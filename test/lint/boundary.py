@@ -7,7 +7,8 @@ means each call of a raising PostgreSQL function is
   - inside the callable of a pg_call(...) (which catches the error, and C++ exceptions too), or
   - in a function whose header comment says "pg-frame:" with a reason (the function runs only
     inside pg_call, or is itself called by PostgreSQL and owns no C++ object), or
-  - on a line that ends with a "// pg: <reason>" comment (a deliberate, explained exception).
+  - on a line that ends with a "// pg: <reason>" comment (a deliberate, explained exception);
+    for a call wrapped over several lines, any of its lines may carry it.
 
 The list of raising functions below is not complete; it names the ones this code uses, so a new
 use of any of them is caught. Prints one line per violation (file:line: call) and exits 1 if
@@ -143,7 +144,9 @@ def check(path):
         if not any(a < at < b for a, b, _ in frames):
             continue  # not in a function body (a declaration or a macro)
         line = line_of(at)
-        if re.search(r"//\s*pg:\s*\S", lines[line - 1]):
+        # The reason may end any line of the call (clang-format wraps long calls).
+        last = line_of(matching(code, m.end() - 1))
+        if any(re.search(r"//\s*pg:\s*\S", lines[k - 1]) for k in range(line, last + 1)):
             continue
         problems.append(f"{path}:{line}: {m.group(1)}() outside pg_call, in a function not marked pg-frame")
     return problems
