@@ -81,7 +81,8 @@ bench:
 format:
 	clang-format -i src/*.cpp src/*.hpp
 
-# Fails on any formatting difference or clang-tidy finding (.clang-format, .clang-tidy).
+# Fails on any formatting difference, boundary violation (test/lint/boundary.py) or clang-tidy
+# finding (.clang-format, .clang-tidy).
 lint:
 	clang-format --dry-run -Werror src/*.cpp src/*.hpp
 	python3 test/lint/boundary.py
