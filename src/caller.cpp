@@ -145,12 +145,13 @@ text* name_of(Oid role) {
     if (!HeapTupleIsValid(tuple))
       ereport(ERROR, (errcode(ERRCODE_UNDEFINED_OBJECT), errmsg("role %u does not exist", role)));
     MemoryContext old = MemoryContextSwitchTo(TopMemoryContext);
-    text* copy = cstring_to_text(NameStr(reinterpret_cast<Form_pg_authid>(GETSTRUCT(tuple))->rolname));
+    text* copy =
+        cstring_to_text(NameStr(reinterpret_cast<Form_pg_authid>(GETSTRUCT(tuple))->rolname));
     MemoryContextSwitchTo(old);
     ReleaseSysCache(tuple);
     return copy;
   });
-  if (named_role.name != nullptr) pfree(named_role.name);
+  if (named_role.name != nullptr) pg_call([] { pfree(named_role.name); });
   named_role = {role, name};
   return name;
 }
@@ -172,7 +173,7 @@ ActingAsOwner::ActingAsOwner(const Installation& installation, SearchPath when) 
 
 void ActingAsOwner::pin_search_path() {
   if (!active_ || guc_nest_level_ != 0) return;
-  guc_nest_level_ = NewGUCNestLevel();
+  guc_nest_level_ = NewGUCNestLevel();  // pg: only increments the nesting counter
   pg_call([] {
     (void)set_config_option("search_path", "pg_catalog, pg_temp", PGC_USERSET, PGC_S_SESSION,
                             GUC_ACTION_SAVE, true, 0, false);

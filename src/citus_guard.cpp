@@ -29,6 +29,7 @@ bool is_null_argument(Node* argument, ParamListInfo params) {
   return false;
 }
 
+// pg-frame: under the planner hook, a PostgreSQL frame; owns no C++ object.
 bool is_delegated_function(Oid function) {
   const char* schema = get_namespace_name(get_func_namespace(function));
   if (schema == nullptr || strcmp(schema, "idempotency") != 0) return false;
@@ -43,6 +44,7 @@ struct WalkContext {
   ParamListInfo params;
 };
 
+// pg-frame: the planner hook's tree walker, a PostgreSQL frame; owns no C++ object.
 bool find_null_key(Node* node, void* raw_context) {
   if (node == nullptr) return false;
   auto* context = static_cast<WalkContext*>(raw_context);

@@ -116,9 +116,11 @@ Row run_one_row(Oid relation, PlanId id, Datum* values, std::initializer_list<Oi
     shaped = shaped && TupleDescAttr(table->tupdesc, column++)->atttypid == type;
   if (shaped) {
     bool is_null = false;
-    row.count = DatumGetInt64(SPI_getbinval(table->vals[0], table->tupdesc, 1, &is_null));
+    // The columns are checked above and by value: SPI_getbinval cannot raise on them.
+    Datum count = SPI_getbinval(table->vals[0], table->tupdesc, 1, &is_null);  // pg: see above
+    row.count = DatumGetInt64(count);
     if (types.size() > 1) {
-      Datum time = SPI_getbinval(table->vals[0], table->tupdesc, 2, &is_null);
+      Datum time = SPI_getbinval(table->vals[0], table->tupdesc, 2, &is_null);  // pg: see above
       row.has_time = !is_null;
       row.time = is_null ? 0 : DatumGetTimestampTz(time);
     }
@@ -161,7 +163,8 @@ std::vector<Oid> key_relations(Oid table) {
                                TupleDescAttr(result->tupdesc, 0)->atttypid == INT8OID));
   for (uint64 i = 0; shaped && i < rows; ++i) {
     bool is_null = false;
-    Datum shard = SPI_getbinval(result->vals[i], result->tupdesc, 1, &is_null);
+    // The column is checked above and by value: SPI_getbinval cannot raise on it.
+    Datum shard = SPI_getbinval(result->vals[i], result->tupdesc, 1, &is_null);  // pg: see above
     if (!is_null) shards.push_back(DatumGetInt64(shard));
   }
   if (result != nullptr) pg_call([&] { SPI_freetuptable(result); });

@@ -151,8 +151,10 @@ void call_main(dsm_handle handle) {
   auto* call = static_cast<Call*>(dsm_segment_address(segment));
   worker_session::prepare_settings();
   // The caller is connected, so the database takes connections or the caller is a superuser
-  // who may connect anyway: the worker serves it either way.
-  BackgroundWorkerInitializeConnectionByOid(call->database, InvalidOid, BGWORKER_BYPASS_ALLOWCONN);
+  // who may connect anyway: the worker serves it either way. No C++ object of this frame
+  // exists yet, and a pg_call here would throw into the C entry point: a raise ends the worker.
+  BackgroundWorkerInitializeConnectionByOid(call->database, InvalidOid,
+                                            BGWORKER_BYPASS_ALLOWCONN);  // pg: see above
   worker_session::undo_database_settings();
   pgstat_report_appname("idempotency_cleanup()");
 

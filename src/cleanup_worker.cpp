@@ -135,6 +135,7 @@ bool served_by_setting(const char* name) {
 }
 
 // Grows `array` (of `capacity` elements of `size` bytes) in the launcher's context.
+// pg-frame: the launcher, a bgworker main; it owns no C++ object (its state is plain data).
 void* grown(LauncherState& state, void* array, int* capacity, size_t size) {
   const int wanted = *capacity == 0 ? 16 : *capacity * 2;
   MemoryContext old = MemoryContextSwitchTo(state.context);
@@ -197,6 +198,7 @@ bool half_dropped(Form_pg_database database) {
 // Reads pg_database (a shared catalog: no database connection needed) in a transaction
 // that ends before this returns: the launcher holds no snapshot between rounds. Fills the
 // pending list with the databases to serve, and forgets what it knew of dropped ones.
+// pg-frame: the launcher, a bgworker main; it owns no C++ object (its state is plain data).
 void plan_round(LauncherState& state) {
   SetCurrentStatementStartTimestamp();
   StartTransactionCommand();
@@ -256,6 +258,7 @@ void plan_round(LauncherState& state) {
 // Frees the registry entries of workers that have exited (or never started) and acts on how
 // their rounds ended. True while an entry of a previous launcher is still starting: the
 // launcher is not told when that one ends and looks again soon.
+// pg-frame: the launcher, a bgworker main; it owns no C++ object (its state is plain data).
 bool reap(LauncherState& state) {
   bool waiting_for_unknown = false;
   const TimestampTz now = GetCurrentTimestamp();
@@ -296,6 +299,7 @@ bool reap(LauncherState& state) {
 }
 
 // The pool is full: counted for the database, and a WARNING at most once a minute.
+// pg-frame: the launcher, a bgworker main; it owns no C++ object (its state is plain data).
 void start_failed(LauncherState& state, Oid database) {
   stats::count_start_failure(database);
   ++state.failures_since_warning;
@@ -316,6 +320,7 @@ void start_failed(LauncherState& state, Oid database) {
 
 // Starts workers for pending databases while registry entries allow; false when a
 // registration failed (every max_worker_processes slot is taken) and should be retried soon.
+// pg-frame: the launcher, a bgworker main; it owns no C++ object (its state is plain data).
 bool start_pending(LauncherState& state) {
   while (state.pending_next < state.pending_count) {
     const Oid database = state.pending[state.pending_next];
@@ -354,6 +359,8 @@ bool start_pending(LauncherState& state) {
   return true;
 }
 
+// The launcher's loop: a round of workers every interval, until SIGTERM.
+// pg-frame: the launcher, a bgworker main; it owns no C++ object (its state is plain data).
 void launcher_main() {
   pqsignal(SIGHUP, SignalHandlerForConfigReload);
   pqsignal(SIGTERM, launcher_sigterm);
@@ -481,6 +488,8 @@ cleanup_shared::Outcome run_round() noexcept {
   return progress.unfinished ? Outcome::kUnfinished : Outcome::kDone;
 }
 
+// A database worker: connects, runs one round, records how it ended.
+// pg-frame: a bgworker main; it owns no C++ object (the round's live in run_round, noexcept).
 void database_main(int index) {
   Registration registration;
   memcpy(&registration, MyBgworkerEntry->bgw_extra, sizeof registration);

@@ -23,6 +23,7 @@ bool refuse(Refusal* refusal, int sqlstate, const char* message, const char* hin
 }
 
 // 'role "name"', or PUBLIC.
+// pg-frame: runs inside caller.cpp's pg_call only (owns no C++ object).
 const char* quoted_role(Oid role) {
   if (role == ACL_ID_PUBLIC) return "PUBLIC";
   const char* name = GetUserNameFromId(role, true);
@@ -34,6 +35,7 @@ bool is_built_in(Oid object) {
 }
 
 // "function idempotency.f(pg_catalog.text)": qualified whatever the caller's search_path.
+// pg-frame: runs inside caller.cpp's pg_call only (owns no C++ object).
 const char* describe(const ObjectAddress& object) {
   return psprintf("%s %s", getObjectTypeDescription(&object, false),
                   getObjectIdentity(&object, false));
@@ -57,6 +59,7 @@ bool grants_untrusted(Datum acl_datum, Oid owner, Oid* grantee) {
 }
 
 // Rights on the table `relation` (named `name`) or on one of its columns.
+// pg-frame: runs inside caller.cpp's pg_call only (owns no C++ object).
 bool check_grants(Oid relation, const char* name, Oid owner, Refusal* refusal) {
   const char* hint = psprintf(
       "Only the extension owner may hold rights on its tables: REVOKE ALL ON idempotency.%s "
@@ -96,6 +99,7 @@ bool check_grants(Oid relation, const char* name, Oid owner, Refusal* refusal) {
 
 // The first row of `catalog` whose first index column (of `index`) is `relation`; the
 // value of its name column `name_column`, or nullptr when there is none.
+// pg-frame: runs inside caller.cpp's pg_call only (owns no C++ object).
 const char* first_name_of(Oid catalog, Oid index, AttrNumber key_column, Oid relation,
                           AttrNumber name_column) {
   Relation rel = table_open(catalog, AccessShareLock);
@@ -129,6 +133,7 @@ constexpr ExpectedDefault kKeyTableDefaults[] = {{"scope", DefaultValue::kEmptyT
                                                  {"attempts", DefaultValue::kOne},
                                                  {"status", DefaultValue::kProcessing}};
 
+// pg-frame: runs inside caller.cpp's pg_call only (owns no C++ object).
 bool is_expected_default(const Form_pg_attribute attribute, const char* expression) {
   const ExpectedDefault* expected = nullptr;
   for (const ExpectedDefault& candidate : kKeyTableDefaults)
@@ -155,6 +160,7 @@ bool is_expected_default(const Form_pg_attribute attribute, const char* expressi
 
 // The columns of `table`: no generated or identity column, no type that brings code of
 // someone else's, no default but the install script's.
+// pg-frame: runs inside caller.cpp's pg_call only (owns no C++ object).
 bool check_columns(Relation table, Oid extension, bool key_table, const char* what,
                    Refusal* refusal) {
   TupleDesc desc = RelationGetDescr(table);
@@ -194,6 +200,7 @@ bool check_columns(Relation table, Oid extension, bool key_table, const char* wh
 
 // Indexes and statistics objects of `table`: no expressions, no predicate, nothing but
 // built-in access methods and operator classes (whose functions run at every insert).
+// pg-frame: runs inside caller.cpp's pg_call only (owns no C++ object).
 bool check_indexes(Relation table, const char* what, Refusal* refusal) {
   List* indexes = RelationGetIndexList(table);
   ListCell* cell = nullptr;
@@ -250,6 +257,7 @@ bool check_indexes(Relation table, const char* what, Refusal* refusal) {
 
 // No code attached to `table`, an extension table (`key_table`: idempotency_keys or one of
 // its Citus shards, which may keep the install script's defaults).
+// pg-frame: runs inside caller.cpp's pg_call only (owns no C++ object).
 bool check_code(Relation table, Oid extension, bool key_table, Refusal* refusal) {
   const Oid relation = RelationGetRelid(table);
   const char* what = psprintf("table %s", RelationGetRelationName(table));
@@ -315,6 +323,7 @@ bool check_code(Relation table, Oid extension, bool key_table, Refusal* refusal)
 // owner's default one, is `acl`), as has_schema_privilege sees it: PUBLIC, a grantee of CREATE, or
 // a role that has the privileges of one (a member of the owner, say). *creator is ACL_ID_PUBLIC for
 // PUBLIC.
+// pg-frame: runs inside caller.cpp's pg_call only (owns no C++ object).
 bool untrusted_creator(Oid schema, Acl* acl, Oid* creator) {
   int count = 0;
   int capacity = 8;
@@ -363,6 +372,7 @@ bool untrusted_creator(Oid schema, Acl* acl, Oid* creator) {
 // Is `relation` a shard of one of the extension's tables in `schema` (Citus keeps a
 // distributed table's rows in tables named after it and the shard's number, in its schema)?
 // Sets *of_key_table when the table it shards is idempotency_keys.
+// pg-frame: runs inside caller.cpp's pg_call only (owns no C++ object).
 bool is_citus_shard(Oid relation, Oid schema, Oid extension, bool* of_key_table) {
   if (!citus_guard::citus_loaded()) return false;
   HeapTuple tuple = SearchSysCache1(RELOID, ObjectIdGetDatum(relation));
@@ -383,6 +393,7 @@ bool is_citus_shard(Oid relation, Oid schema, Oid extension, bool* of_key_table)
 
 // The object at `address` in the extension's schema: owned by a superuser, and not a
 // SECURITY DEFINER function (which would act for its owner: everyone's keys in one place).
+// pg-frame: runs inside caller.cpp's pg_call only (owns no C++ object).
 bool check_object_owner(const ObjectAddress& address, Refusal* refusal) {
   const AttrNumber owner_column = get_object_attnum_owner(address.classId);
   if (owner_column == InvalidAttrNumber) return true;
@@ -414,6 +425,7 @@ bool check_object_owner(const ObjectAddress& address, Refusal* refusal) {
 // Every object in `schema` (each one records a dependency on its schema, but those that
 // belong to another object: indexes, row and array types): a member of the extension, or a
 // Citus shard of one of its tables; each owned by a superuser; a shard without code.
+// pg-frame: runs inside caller.cpp's pg_call only (owns no C++ object).
 bool check_objects(Oid schema, Oid extension, Refusal* refusal) {
   Relation depend = table_open(DependRelationId, AccessShareLock);
   ScanKeyData keys[2];
@@ -462,6 +474,7 @@ bool check_objects(Oid schema, Oid extension, Refusal* refusal) {
 }
 
 // The schema itself: owned by a superuser, and nobody else may create objects in it.
+// pg-frame: runs inside caller.cpp's pg_call only (owns no C++ object).
 bool check_schema(Oid schema, Refusal* refusal) {
   HeapTuple tuple = SearchSysCache1(NAMESPACEOID, ObjectIdGetDatum(schema));
   if (!HeapTupleIsValid(tuple))
@@ -501,6 +514,7 @@ bool check_schema(Oid schema, Refusal* refusal) {
 // The extension's table `name` in `schema`, checked: an ordinary table owned by a
 // superuser, no rights for anyone else, no code. InvalidOid (and no refusal) when it is
 // missing and `required` is false.
+// pg-frame: runs inside caller.cpp's pg_call only (owns no C++ object).
 bool check_table(Oid schema, Oid extension, const char* name, bool required, LOCKMODE lock,
                  Oid* table, Oid* owner, Refusal* refusal) {
   *table = get_relname_relid(name, schema);
@@ -535,6 +549,7 @@ bool check_table(Oid schema, Oid extension, const char* name, bool required, LOC
 
 }  // namespace
 
+// pg-frame: runs inside caller.cpp's pg_call only (owns no C++ object).
 bool find_extension(Oid* extension, Oid* schema) {
   // pg_extension by name, read by OID-keyed catalog access: no statement, no search_path.
   *extension = InvalidOid;
@@ -555,6 +570,7 @@ bool find_extension(Oid* extension, Oid* schema) {
   return OidIsValid(*extension);
 }
 
+// pg-frame: runs inside caller.cpp's pg_call only (owns no C++ object).
 bool examine(Oid schema, Found* found, Refusal* refusal) {
   if (!check_schema(schema, refusal)) return false;
   Oid extension = InvalidOid;

@@ -23,6 +23,7 @@ SharedSlots* shared = nullptr;
 uint64 touched_slots[kSlots / 64];
 bool any_touched = false;
 
+// pg-frame: the shmem startup hook, at postmaster start; owns no C++ object.
 void initialize(SharedSlots* slots) {
   if (!pg_strong_random(slots->secret, sizeof slots->secret))
     ereport(FATAL, (errmsg("could not generate the secret of the idempotency key waits")));

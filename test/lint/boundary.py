@@ -7,10 +7,15 @@ means each call of a raising PostgreSQL function is
   - inside the callable of a pg_call(...) (which catches the error, and C++ exceptions too), or
   - in a function whose header comment says "pg-frame:" with a reason (the function runs only
     inside pg_call, or is itself called by PostgreSQL and owns no C++ object), or
-  - on a line that ends with a "// pg: <reason>" comment (a deliberate, explained exception).
+  - on a line that ends with a "// pg: <reason>" comment (a deliberate, explained exception);
+    for a call wrapped over several lines, any of its lines may carry it.
+
+Conversely, neither a pg_call callable nor a pg-frame function may name a C++ type with a
+destructor (std::string and the like, or a class of src/ that declares one): a longjmp would
+skip it. Member functions defined in a class body are checked like any other function.
 
 The list of raising functions below is not complete; it names the ones this code uses, so a new
-use of any of them is caught. Prints one line per violation (file:line: call) and exits 1 if
+use of any of them is caught. Prints one line per violation (file:line: what) and exits 1 if
 there is any. Usage: test/lint/boundary.py [FILE...] (default: src/*.cpp src/*.hpp).
 """
 import glob
@@ -50,6 +55,22 @@ quote_qualified_identifier pg_cryptohash_create RegisterDynamicBackgroundWorker
 BackgroundWorkerInitializeConnection BackgroundWorkerInitializeConnectionByOid
 """.split()
 CALL = re.compile(r"\b(" + "|".join(map(re.escape, RAISING)) + r")\s*\(")
+
+# C++ types whose objects have destructors, as a pg_call callable or a pg-frame function would
+# name them; the classes of src/ that declare a destructor are added by main().
+OWNING_STD = (r"std::(?:string|vector|optional|unique_ptr|shared_ptr|function|map|unordered_map"
+              r"|set|to_string)\b")
+owning = re.compile(OWNING_STD)
+
+
+def owning_types(files):
+    """OWNING_STD and every class of `files` that declares a destructor (PgError aside: the
+    boundary's own)."""
+    names = set()
+    for path in files:
+        names.update(re.findall(r"~(\w+)\s*\(", strip(open(path, encoding="utf-8").read())))
+    names.discard("PgError")
+    return re.compile("|".join([OWNING_STD] + [r"\b%s\b" % n for n in sorted(names)]))
 
 
 def strip(text):
@@ -113,7 +134,8 @@ def check(path):
             head = code[pos:k]
             is_ns = re.search(r"\b(namespace|extern\s+\"\s*C\s*\")\s*[\w:]*\s*$", head) is not None
             is_type = re.search(r"\b(struct|class|union|enum)\b[^;()]*$", head) is not None
-            if all(kind == "ns" for kind in depth_kinds) and not is_ns and not is_type:
+            # Member functions defined in a class body are functions too.
+            if all(kind in ("ns", "type") for kind in depth_kinds) and not is_ns and not is_type:
                 end = matching(code, k, "{", "}")
                 sig_line = line_of(k)
                 # the header comment: contiguous comment lines above the signature
@@ -134,6 +156,19 @@ def check(path):
                 depth_kinds.pop()
         pos = k + 1
     problems = []
+    annotated = lambda first, last: any(
+        re.search(r"//\s*pg:\s*\S", lines[k - 1]) for k in range(first, last + 1))
+    # A C++ object with a destructor where a longjmp may skip it: in a pg_call callable, or in
+    # a function that says it is a PostgreSQL frame.
+    for m in owning.finditer(code):
+        at = m.start()
+        where = None
+        if any(a < at < b for a, b in wrapped):
+            where = "a pg_call callable"
+        elif any(a < at < b and exempt for a, b, exempt in frames):
+            where = "a function marked pg-frame"
+        if where and not annotated(line_of(at), line_of(at)):
+            problems.append(f"{path}:{line_of(at)}: {m.group(0)} (a C++ object with a destructor) in {where}")
     for m in CALL.finditer(code):
         at = m.start()
         if any(a < at < b for a, b in wrapped):
@@ -143,7 +178,8 @@ def check(path):
         if not any(a < at < b for a, b, _ in frames):
             continue  # not in a function body (a declaration or a macro)
         line = line_of(at)
-        if re.search(r"//\s*pg:\s*\S", lines[line - 1]):
+        # The reason may end any line of the call (clang-format wraps long calls).
+        if annotated(line, line_of(matching(code, m.end() - 1))):
             continue
         problems.append(f"{path}:{line}: {m.group(1)}() outside pg_call, in a function not marked pg-frame")
     return problems
@@ -151,10 +187,12 @@ def check(path):
 
 def main():
     files = sys.argv[1:] or sorted(glob.glob("src/*.cpp") + glob.glob("src/*.hpp"))
+    global owning
+    owning = owning_types(sorted(set(files) | set(glob.glob("src/*.hpp"))))
     problems = [p for f in files for p in check(f)]
     for p in problems:
         print(p)
-    print(f"boundary: {len(problems)} call(s) outside the boundary in {len(files)} file(s)")
+    print(f"boundary: {len(problems)} violation(s) of the boundary rule in {len(files)} file(s)")
     return 1 if problems else 0
 
 
