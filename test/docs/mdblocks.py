@@ -47,7 +47,7 @@ import time
 
 OPEN_FENCE = re.compile(r"^\s*(`{3,}|~{3,})(.*)$")
 NOT_RUN = re.compile(r"^<!--\s*not run\b.*-->$")
-RUN_BY = re.compile(r"^<!--\s*run by\s+([^\s:]+)(:.*)?-->$")
+RUN_BY = re.compile(r"^<!--\s*run by\s+([^\s:]+)(:.*)?\s*-->$")
 RETRIED = re.compile(r"^<!--\s*retried until it prints what is shown, for up to (\d+) s\b.*-->$")
 EXCERPT = re.compile(r"^<!--\s*excerpt of\s+(\S+)\s*-->$")
 SUPERUSER_ROLE = os.environ.get("DOCS_SUPERUSER", "postgres")

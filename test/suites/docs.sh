@@ -65,7 +65,8 @@ cluster_start "$IDEM_SCRATCH/pg" "$port" "${CONF[@]}" "search_path = '\"\$user\"
 q() { psql -X -qAt -v ON_ERROR_STOP=1 "$@"; }
 
 # The statistics view for monitoring roles is new in 1.2. Until the extension's script makes
-# it, the suite puts a stand-in after every install (the same rows, readable by pg_monitor).
+# it, the suite puts a stand-in after every install (the same rows, readable by pg_monitor,
+# members of the extension as the real ones are).
 q -c "CREATE DATABASE docs_probe" -d postgres
 q -d docs_probe -c "CREATE EXTENSION idempotency"
 if [[ -z $(q -d docs_probe -c "SELECT to_regclass('idempotency_monitor.idempotency_stats')") ]]; then
@@ -75,6 +76,8 @@ CREATE SCHEMA idempotency_monitor;
 CREATE VIEW idempotency_monitor.idempotency_stats AS SELECT * FROM idempotency.idempotency_stats;
 GRANT USAGE ON SCHEMA idempotency_monitor TO pg_monitor;
 GRANT SELECT ON idempotency_monitor.idempotency_stats TO pg_monitor;
+ALTER EXTENSION idempotency ADD SCHEMA idempotency_monitor;  -- DROP EXTENSION drops them
+ALTER EXTENSION idempotency ADD VIEW idempotency_monitor.idempotency_stats;
 SQL
   export DOCS_AFTER_INSTALL="$IDEM_SCRATCH/after-install.sql"
 fi

@@ -240,6 +240,7 @@ for _ in $(seq 200); do
                       AND mode = 'ShareLock' AND granted") == 1 ]] && break
   sleep 0.05
 done
+: >"$OUT/409.log"
 in_page_env "$(sed -e "$sub409" <<<"$demo409")" >"$OUT/409.log" 2>"$OUT/409.err" &
 pid409=$!
 IDEM_BG_PIDS+=("$pid409")
