@@ -40,6 +40,8 @@ import time
 
 import psycopg
 
+from consumer import setup  # consumer.py, beside this file: the tables' set-up and grants
+
 SCOPE = "payments-batch-consumer"
 
 SETUP_SQL = """
@@ -133,19 +135,6 @@ def handle_batch(conn, batch, opts, crash):
     return retry
 
 
-def setup(conn, opts):
-    """Creates the tables; grants them to the consumer's role when another role made them."""
-    (role,) = conn.execute("SELECT quote_ident(current_user)").fetchone()
-    if opts.setup_dsn is None:
-        conn.execute(SETUP_SQL)
-        return
-    with psycopg.connect(opts.setup_dsn, autocommit=True) as admin:
-        admin.execute(SETUP_SQL)
-        (admin_role,) = admin.execute("SELECT quote_ident(current_user)").fetchone()
-        if admin_role != role:
-            admin.execute(GRANT_SQL.format(role=role))
-
-
 def log(opts, line):
     print(f"[{opts.name}] {line}", flush=True)
 
@@ -184,7 +173,7 @@ def main():
 
     with psycopg.connect(opts.dsn, autocommit=True) as conn:
         if opts.setup:
-            setup(conn, opts)
+            setup(conn, opts.setup_dsn, SETUP_SQL, GRANT_SQL)
         crashes = set(opts.crash_batch)
         streams = [open(f, encoding="utf-8") for f in opts.files] or [sys.stdin]
         deferred = []

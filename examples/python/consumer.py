@@ -118,17 +118,19 @@ def handle(conn, raw, opts, crashes_left):
     return "deferred (still in progress; left for redelivery)"
 
 
-def setup(conn, opts):
-    """Creates the tables; grants them to the consumer's role when another role made them."""
+def setup(conn, setup_dsn, setup_sql=SETUP_SQL, grant_sql=GRANT_SQL):
+    """Creates the tables (setup_sql) on conn, or on setup_dsn's connection when given; grants
+    them (grant_sql) to conn's role when setup_dsn's role is another. batch_consumer.py uses it
+    too, with its own tables."""
     (role,) = conn.execute("SELECT quote_ident(current_user)").fetchone()
-    if opts.setup_dsn is None:
-        conn.execute(SETUP_SQL)
+    if setup_dsn is None:
+        conn.execute(setup_sql)
         return
-    with psycopg.connect(opts.setup_dsn, autocommit=True) as admin:
-        admin.execute(SETUP_SQL)
+    with psycopg.connect(setup_dsn, autocommit=True) as admin:
+        admin.execute(setup_sql)
         (admin_role,) = admin.execute("SELECT quote_ident(current_user)").fetchone()
         if admin_role != role:
-            admin.execute(GRANT_SQL.format(role=role))
+            admin.execute(grant_sql.format(role=role))
 
 
 def log(opts, line):
@@ -153,7 +155,7 @@ def main():
 
     with psycopg.connect(opts.dsn, autocommit=True) as conn:
         if opts.setup:
-            setup(conn, opts)
+            setup(conn, opts.setup_dsn)
         crashes_left = {i: 1 for i in opts.crash_once}
         streams = [open(f, encoding="utf-8") for f in opts.files] or [sys.stdin]
         for stream in streams:
