@@ -35,7 +35,7 @@ run_scale() {
                                         expires_at, lease_token, locked_until, status,
                                         response_code, updated_at, response)
           SELECT '', $([[ $source == v7 ]] && echo 'gen_uuid_v7()::text' || echo 'gen_random_uuid()::text'),
-                 'postgres'::regrole::oid, bench_fp(), 1, interval '24 hours', interval '5 minutes', now(),
+                 'postgres', bench_fp(), 1, interval '24 hours', interval '5 minutes', now(),
                  now() + interval '24 hours', gen_uuid_v7(), now() + interval '5 minutes',
                  'completed', 200, now(), jsonb_build_object('status', 'ok', 'payment_id', n)
             FROM generate_series(1, $step_rows) n" >/dev/null

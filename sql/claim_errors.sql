@@ -114,7 +114,7 @@ RESET ROLE;
 -- does not hold that other key (55000); the table stays out of reach (42501).
 GRANT USAGE ON SCHEMA idempotency TO regress_idem_other;
 SELECT md5(string_agg(t::text, ',' ORDER BY key)) AS mine
-  FROM idempotency_keys t WHERE owner = current_user::regrole \gset
+  FROM idempotency_keys t WHERE owner = current_user \gset
 SELECT lease_token AS fenced FROM idempotency_keys WHERE key = 'fenced-key' \gset
 SET ROLE regress_idem_other;
 SELECT pg_temp.try(format($$SELECT complete_key('held-key', %L, '{"done": 1}')$$, :'held'));
@@ -130,11 +130,11 @@ SELECT pg_temp.try($$SELECT count(*) FROM idempotency_keys$$);
 SELECT pg_temp.try($$DELETE FROM idempotency_keys$$);
 RESET ROLE;
 SELECT md5(string_agg(t::text, ',' ORDER BY key)) = :'mine' AS own_keys_unchanged
-  FROM idempotency_keys t WHERE owner = current_user::regrole;
+  FROM idempotency_keys t WHERE owner = current_user;
 SELECT key, owner, status, attempts FROM idempotency_keys
  WHERE key IN ('held-key', 'fenced-key') ORDER BY key, owner::text;
 SELECT status, response FROM claim_key('held-key');
-DELETE FROM idempotency_keys WHERE owner = 'regress_idem_other'::regrole;
+DELETE FROM idempotency_keys WHERE owner = 'regress_idem_other';
 REVOKE USAGE ON SCHEMA idempotency FROM regress_idem_other;
 DROP ROLE regress_idem_other;
 

@@ -8,7 +8,7 @@ SET client_min_messages = warning;
 CREATE FUNCTION pg_temp.add_keys(prefix text, n int, expires timestamptz, step interval DEFAULT '0')
 RETURNS void LANGUAGE sql AS $$
   INSERT INTO idempotency_keys (key, owner, ttl, lease, created_at, expires_at, updated_at)
-  SELECT prefix || g, 10, '1 hour', '5 min', now() - interval '2 hours', expires + g * step, now()
+  SELECT prefix || g, current_user, '1 hour', '5 min', now() - interval '2 hours', expires + g * step, now()
     FROM generate_series(1, n) g
 $$;
 
@@ -64,7 +64,7 @@ BEGIN;
 CREATE ROLE cleanup_regress_gone;
 SELECT pg_temp.add_keys('live-', 3, now() + interval '1 hour');
 INSERT INTO idempotency_keys (key, owner, ttl, lease, created_at, expires_at, updated_at)
-  SELECT 'orphan-' || g, 'cleanup_regress_gone'::regrole, '1 hour', '5 min', now(),
+  SELECT 'orphan-' || g, 'cleanup_regress_gone', '1 hour', '5 min', now(),
          now() + CASE WHEN g % 2 = 0 THEN interval '1 hour' ELSE interval '-1 hour' END, now()
     FROM generate_series(1, 30) g;
 DROP ROLE cleanup_regress_gone;

@@ -176,6 +176,42 @@ Oid calling_role(const char* function_name) {
   return GetUserId();
 }
 
+namespace {
+// The last role named, kept for the backend's life in TopMemoryContext (one role calls,
+// almost always). A rename or drop of any role forgets it.
+struct NamedRole {
+  Oid role = InvalidOid;
+  text* name = nullptr;
+};
+NamedRole named_role;
+
+void forget_role_name(Datum, SyscacheId, uint32) {
+  named_role.role = InvalidOid;
+}
+}  // namespace
+
+text* name_of(Oid role) {
+  if (role == named_role.role) return named_role.name;
+  static bool registered = false;
+  if (!registered) {
+    CacheRegisterSyscacheCallback(AUTHOID, forget_role_name, 0);
+    registered = true;
+  }
+  text* name = pg_call([&] {
+    HeapTuple tuple = SearchSysCache1(AUTHOID, ObjectIdGetDatum(role));
+    if (!HeapTupleIsValid(tuple))
+      ereport(ERROR, (errcode(ERRCODE_UNDEFINED_OBJECT), errmsg("role %u does not exist", role)));
+    MemoryContext old = MemoryContextSwitchTo(TopMemoryContext);
+    text* copy = cstring_to_text(NameStr(reinterpret_cast<Form_pg_authid>(GETSTRUCT(tuple))->rolname));
+    MemoryContextSwitchTo(old);
+    ReleaseSysCache(tuple);
+    return copy;
+  });
+  if (named_role.name != nullptr) pfree(named_role.name);
+  named_role = {role, name};
+  return name;
+}
+
 ActingAsOwner::ActingAsOwner(const Installation& installation, SearchPath when) {
   GetUserIdAndSecContext(&saved_user_, &saved_context_);
   SetUserIdAndSecContext(installation.owner, saved_context_ | SECURITY_LOCAL_USERID_CHANGE |

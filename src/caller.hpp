@@ -38,6 +38,12 @@ std::optional<Installation> of_database();
 // MATERIALIZED VIEW), where the current user is not the one who asked for the call.
 Oid calling_role(const char* function_name);
 
+// The name of `role` as the key table stores it (the key's owner), cached per backend until
+// pg_authid changes. The name, not the OID, is what identifies a key's role wherever its row
+// moves (dump and restore, COPY, logical replication, Citus nodes with their own OIDs). An
+// unknown role raises 42704.
+text* name_of(Oid role);
+
 // Acts as the installation's owner for the lifetime of the object: user id switched under
 // SECURITY_RESTRICTED_OPERATION, search_path = pg_catalog, pg_temp. The destructor restores
 // both; an ERROR that unwinds past it through PostgreSQL's abort restores them too.

@@ -65,6 +65,18 @@ struct KeyName {
   }
 };
 
+// Who calls: the role (current_user) and its name, which is what the table stores as the
+// key's owner (caller::name_of).
+struct Caller {
+  Oid role;
+  text* name;
+};
+
+Caller calling(const char* function_name) {
+  const Oid role = caller::calling_role(function_name);
+  return {role, caller::name_of(role)};
+}
+
 text* text_argument(FunctionCallInfo fcinfo, int n) {
   return pg_call([&] { return PG_GETARG_TEXT_PP(n); });
 }
@@ -196,64 +208,62 @@ Jsonb* response_value(Datum raw) {
 // ---------------------------------------------------------------------------------------
 
 // Tokens claimed in the current transaction. When complete_key runs in the same transaction
-// (the inbox pattern) it keeps the expiry the claim computed: the indexed expires_at does
-// not change, so the completion can be a small HOT update, made directly on the row the
-// claim inserted when it was inserted directly. Cleared at transaction end.
+// (the inbox pattern) it knows the claim's ttl without reading the row, and completes the row
+// the claim inserted directly, found by its address. Cleared at transaction end.
 struct OwnClaim {
   pg_uuid_t token;
-  TimestampTz expires_at;           // claim time + ttl
+  Interval ttl;                     // the key lives this long after its completion
   key_store::RowAddress where;      // the inserted row, or kNowhere
   SubTransactionId subtransaction;  // where the claim was made
 };
 // The first claims of a transaction live in a small array (the common case: a few per
-// transaction, nothing to allocate or clear); a batch's further claims in a hash map, up to
-// kOwnClaimsKept in all. A claim not remembered is completed by the executor path.
+// transaction, nothing to allocate or clear); a batch's further claims in a hash table in
+// TopTransactionContext (accounted, and gone with the transaction), up to kOwnClaimsKept in
+// all. A claim not remembered is completed by the executor path.
 constexpr size_t kOwnClaimsInArray = 64;
 constexpr size_t kOwnClaimsKept = 100000;
 std::array<OwnClaim, kOwnClaimsInArray> own_claims;
 size_t own_claim_count = 0;
-struct TokenHash {
-  size_t operator()(const std::array<uint8, UUID_LEN>& token) const noexcept {
-    uint64 a = 0;
-    uint64 b = 0;
-    memcpy(&a, token.data(), sizeof a);
-    memcpy(&b, token.data() + sizeof a, sizeof b);
-    return static_cast<size_t>(b * 0x9e3779b97f4a7c15ULL ^ a);  // v7: b is the random half
-  }
-};
-std::unordered_map<std::array<uint8, UUID_LEN>, OwnClaim, TokenHash> more_own_claims;
+HTAB* more_own_claims = nullptr;  // entries: OwnClaim, keyed by its token (the first field)
+size_t more_own_claim_count = 0;
 
-std::array<uint8, UUID_LEN> token_key(const pg_uuid_t& token) {
-  std::array<uint8, UUID_LEN> key{};
-  memcpy(key.data(), token.data, UUID_LEN);
-  return key;
-}
-
-void remember_own_claim(const pg_uuid_t& token, TimestampTz expires_at,
+void remember_own_claim(const pg_uuid_t& token, const Interval& ttl,
                         const key_store::RowAddress& where) {
-  const OwnClaim claim{token, expires_at, where, GetCurrentSubTransactionId()};
-  if (own_claim_count < kOwnClaimsInArray)
+  const OwnClaim claim{token, ttl, where, GetCurrentSubTransactionId()};
+  if (own_claim_count < kOwnClaimsInArray) {
     own_claims[own_claim_count++] = claim;
-  else if (own_claim_count + more_own_claims.size() < kOwnClaimsKept)
-    more_own_claims.emplace(token_key(token), claim);
+    return;
+  }
+  if (own_claim_count + more_own_claim_count >= kOwnClaimsKept) return;
+  pg_call([&] {
+    if (more_own_claims == nullptr) {
+      HASHCTL control{};
+      control.keysize = sizeof(pg_uuid_t);
+      control.entrysize = sizeof(OwnClaim);
+      control.hcxt = TopTransactionContext;
+      more_own_claims = hash_create("idempotency claims of this transaction", 1024, &control,
+                                    HASH_ELEM | HASH_BLOBS | HASH_CONTEXT);
+    }
+    bool found = false;
+    auto* entry = static_cast<OwnClaim*>(hash_search(more_own_claims, &token, HASH_ENTER, &found));
+    *entry = claim;
+    if (!found) ++more_own_claim_count;
+  });
 }
 
 const OwnClaim* own_claim(const pg_uuid_t& token) {
   for (size_t i = 0; i < own_claim_count; ++i)
     if (memcmp(own_claims[i].token.data, token.data, UUID_LEN) == 0) return &own_claims[i];
-  if (more_own_claims.empty()) return nullptr;
-  auto found = more_own_claims.find(token_key(token));
-  return found == more_own_claims.end() ? nullptr : &found->second;
+  if (more_own_claims == nullptr) return nullptr;
+  // A lookup allocates nothing and cannot fail.
+  return static_cast<const OwnClaim*>(hash_search(more_own_claims, &token, HASH_FIND, nullptr));
 }
 
+// The hash table goes with TopTransactionContext.
 void forget_own_claims(XactEvent, void*) {
   own_claim_count = 0;
-  if (more_own_claims.empty()) return;
-  // A large table is given back rather than kept (and cleared, bucket by bucket, later).
-  if (more_own_claims.bucket_count() > 1024)
-    decltype(more_own_claims)().swap(more_own_claims);
-  else
-    more_own_claims.clear();
+  more_own_claims = nullptr;
+  more_own_claim_count = 0;
 }
 
 // A subtransaction rolled back takes its claims with it (and their rows' space may be
@@ -265,8 +275,14 @@ void forget_rolled_back_claims(SubXactEvent event, SubTransactionId rolled_back,
   for (size_t i = 0; i < own_claim_count; ++i)
     if (own_claims[i].subtransaction < rolled_back) own_claims[kept++] = own_claims[i];
   own_claim_count = kept;
-  for (auto it = more_own_claims.begin(); it != more_own_claims.end();)
-    it = it->second.subtransaction < rolled_back ? std::next(it) : more_own_claims.erase(it);
+  if (more_own_claims == nullptr) return;
+  HASH_SEQ_STATUS scan;
+  hash_seq_init(&scan, more_own_claims);
+  while (auto* entry = static_cast<OwnClaim*>(hash_seq_search(&scan))) {
+    if (entry->subtransaction < rolled_back) continue;
+    (void)hash_search(more_own_claims, &entry->token, HASH_REMOVE, nullptr);
+    --more_own_claim_count;
+  }
 }
 
 // ---------------------------------------------------------------------------------------
@@ -447,31 +463,29 @@ struct ClaimRequest {
   Interval ttl{};
   Interval lease{};
   TimestampTz deadline = 0;  // of waiting
-  Oid caller = InvalidOid;
+  Caller caller{InvalidOid, nullptr};
   Oid table = InvalidOid;
 };
 
-key_store::ClaimValues claim_values(const ClaimRequest& request, TimestampTz now,
-                                    TimestampTz* ttl_expiry) {
+key_store::ClaimValues claim_values(const ClaimRequest& request, TimestampTz now) {
   key_store::ClaimValues values{};
-  values.owner = request.caller;
+  values.owner = request.caller.name;
   values.fingerprint = request.fingerprint;
   values.token = *uuid_v7::generate();
   values.now = now;
   values.ttl = request.ttl;
   values.lease = request.lease;
   values.locked_until = add_interval(now, request.lease);
-  *ttl_expiry = add_interval(now, request.ttl);
   // A processing key never expires while its lease runs.
-  values.expires_at = std::max(*ttl_expiry, values.locked_until);
+  values.expires_at = std::max(add_interval(now, request.ttl), values.locked_until);
   return values;
 }
 
 ClaimResult claimed_answer(Status status, const key_store::ClaimValues& values,
-                           TimestampTz ttl_expiry, const key_store::RowAddress& where,
-                           int32 attempts, text* recovery_point, TimestampTz created_at,
-                           bytea* fingerprint, uint32 wait_slot) {
-  remember_own_claim(values.token, ttl_expiry, where);
+                           const key_store::RowAddress& where, int32 attempts,
+                           text* recovery_point, TimestampTz created_at, bytea* fingerprint,
+                           uint32 wait_slot) {
+  remember_own_claim(values.token, values.ttl, where);
   key_wait::touched(wait_slot);
   stats::count(status == Status::kClaimed ? stats::kClaimed : stats::kReclaimed);
   ClaimResult result(status);
@@ -488,14 +502,15 @@ ClaimResult claim(Session& store, const ClaimRequest& request) {
   const KeyName& name = request.name;
   int retries_without_sleep = 0;
   // Waiting (wait > 0) sleeps until a transaction that wrote this key ends (key_wait.hpp).
-  key_wait::Waiter waiter(name.wait_slot(request.caller), request.deadline > GetCurrentTimestamp());
+  key_wait::Waiter waiter(name.wait_slot(request.caller.role), request.deadline > GetCurrentTimestamp());
   for (bool first_look = true;; first_look = false) {
     waiter.prepare();  // before looking: a holder that ends after the look wakes us
     TimestampTz now = GetCurrentTimestamp();
     bool known_absent = false;
+    // Every look is the dirty-snapshot look where the direct path may read: after waiting it
+    // sees the holder's end, and a snapshot transaction gets 40001 instead of a stale row.
     std::optional<KeyRow> row =
-        first_look ? store.peek(request.caller, name.scope, name.key, &known_absent)
-                   : store.find(request.caller, name.scope, name.key);
+        store.peek(request.caller.name, name.scope, name.key, &known_absent, !first_look);
     Verdict verdict = judge(row, request.fingerprint, now);
     switch (verdict) {
       case Verdict::kMismatch:
@@ -512,11 +527,10 @@ ClaimResult claim(Session& store, const ClaimRequest& request) {
         break;
     }
 
-    TimestampTz ttl_expiry = 0;
     key_lock::Outcome lock = key_lock::Outcome::kAlreadyHeld;  // none taken
-    const key_lock::KeyIdentity identity = name.identity(request.table, request.caller);
+    const key_lock::KeyIdentity identity = name.identity(request.table, request.caller.role);
     if (verdict == Verdict::kAbsent) {
-      key_store::ClaimValues values = claim_values(request, now, &ttl_expiry);
+      key_store::ClaimValues values = claim_values(request, now);
       key_store::RowAddress where{};
       Session::Insert inserted =
           store.insert_unlocked(name.scope, name.key, values, &where, known_absent);
@@ -531,8 +545,8 @@ ClaimResult claim(Session& store, const ClaimRequest& request) {
                                                                         : Session::Insert::kExists;
       }
       if (inserted == Session::Insert::kInserted)
-        return claimed_answer(Status::kClaimed, values, ttl_expiry, where, 1, nullptr, now,
-                              request.fingerprint, name.wait_slot(request.caller));
+        return claimed_answer(Status::kClaimed, values, where, 1, nullptr, now,
+                              request.fingerprint, name.wait_slot(request.caller.role));
       if (inserted == Session::Insert::kBusy) {
         // A claim of this key is in a transaction that is still open.
         if (now >= request.deadline) return in_progress(USECS_PER_SEC);
@@ -540,26 +554,21 @@ ClaimResult claim(Session& store, const ClaimRequest& request) {
         continue;
       }
       // A claim committed between our read and our insert; decide again from its row.
-    } else if (std::optional<KeyRow> locked = store.lock(request.caller, name.scope, name.key)) {
+    } else if (std::optional<KeyRow> locked = store.lock(request.caller.name, name.scope, name.key)) {
       // An existing row is taken over under its row lock (FOR UPDATE SKIP LOCKED): a
       // transaction that holds it makes us skip it, never wait, and no per-key lock is needed.
       Verdict current = judge(locked, request.fingerprint, now);
-      // The row's owner, not the caller's OID: under Citus the row is on the node of its
-      // shard, which may name the role by another OID (key_store.hpp, owner_on_node).
       if (current == Verdict::kExpired) {
-        key_store::ClaimValues values = claim_values(request, now, &ttl_expiry);
-        values.owner = locked->owner;
+        key_store::ClaimValues values = claim_values(request, now);
         store.restart(name.scope, name.key, values);
-        return claimed_answer(Status::kClaimed, values, ttl_expiry, key_store::kNowhere, 1, nullptr,
-                              now, request.fingerprint, name.wait_slot(request.caller));
+        return claimed_answer(Status::kClaimed, values, key_store::kNowhere, 1, nullptr, now,
+                              request.fingerprint, name.wait_slot(request.caller.role));
       }
       if (current == Verdict::kReclaimable) {
-        key_store::ClaimValues values = claim_values(request, now, &ttl_expiry);
-        values.owner = locked->owner;
+        key_store::ClaimValues values = claim_values(request, now);
         KeyRow renewed = store.reclaim(name.scope, name.key, values);
-        return claimed_answer(Status::kReclaimed, values, ttl_expiry, key_store::kNowhere,
-                              renewed.attempts, renewed.recovery_point, renewed.created_at,
-                              renewed.fingerprint, name.wait_slot(request.caller));
+        return claimed_answer(Status::kReclaimed, values, key_store::kNowhere, renewed.attempts, renewed.recovery_point, renewed.created_at,
+                              renewed.fingerprint, name.wait_slot(request.caller.role));
       }
       // The row changed since we read it: decide again.
     }
@@ -586,7 +595,7 @@ auto as_owner(FunctionCallInfo fcinfo, Work&& work) {
 }
 
 Datum sql_claim_key(FunctionCallInfo fcinfo) {
-  const Oid caller = caller::calling_role("claim_key");
+  const Caller caller = calling("claim_key");
   ClaimRequest request(key_arguments(fcinfo, 0, 2));
   TimestampTz now = GetCurrentTimestamp();
   request.fingerprint = PG_ARGISNULL(1) ? nullptr : fingerprint_value(PG_GETARG_DATUM(1));
@@ -624,9 +633,9 @@ bool same_token(const std::optional<pg_uuid_t>& stored, const pg_uuid_t& token) 
 
 // Explains why a fenced statement matched no row, by throwing; returns the row only when
 // the key was completed with this very token (the caller decides whether that is a no-op).
-KeyRow explain_fence(Session& store, const KeyName& name, const pg_uuid_t& token, Oid caller,
+KeyRow explain_fence(Session& store, const KeyName& name, const pg_uuid_t& token, const Caller& caller,
                      TimestampTz now) {
-  std::optional<KeyRow> row = store.find(caller, name.scope, name.key);
+  std::optional<KeyRow> row = store.find(caller.name, name.scope, name.key);
   if (!row || row->expires_at <= now) reject_missing(name);
   if (row->completed && same_token(row->lease_token, token)) return *row;
   if (row->completed)
@@ -662,27 +671,28 @@ bool same_response(const KeyRow& row, Jsonb* response, std::optional<int32> resp
 // Completes the claim `token` of `name` (complete_key and complete_keys): the stored row,
 // or the row as it was when this very completion was made before (a no-op success).
 KeyRow complete_one(Session& store, const KeyName& name, const pg_uuid_t& token,
-                    const key_store::Outcome& outcome, Oid caller, TimestampTz now) {
-  // The key expires ttl after completion; in the inbox pattern the claim's own expiry is
-  // kept (same transaction, so the same moment to any other transaction).
+                    const key_store::Outcome& outcome, const Caller& caller, TimestampTz now) {
+  // The key expires ttl after its completion, in both patterns (SPEC §2): a completion in the
+  // claiming transaction counts from now too, not from the claim, or a long transaction
+  // would commit a key already expired and the redelivery would run the effect again.
   const OwnClaim* own = own_claim(token);
   std::optional<TimestampTz> expires_at;
   key_store::RowAddress where = key_store::kNowhere;
   if (own != nullptr) {
-    expires_at = own->expires_at;
+    expires_at = add_interval(now, own->ttl);
     where = own->where;
   } else {
     // A fresh snapshot, not the statement's: the claim may have been made earlier in this
     // very statement (claims of more keys than own_claims keeps), invisible to that snapshot.
-    std::optional<KeyRow> row = store.find(caller, name.scope, name.key);
+    std::optional<KeyRow> row = store.find(caller.name, name.scope, name.key);
     if (!row || row->expires_at <= now) reject_missing(name);
     expires_at = add_interval(now, row->ttl);
   }
   std::optional<KeyRow> row =
-      store.complete(name.scope, name.key, token, caller, outcome, now, *expires_at, where);
+      store.complete(name.scope, name.key, token, caller.name, outcome, now, *expires_at, where);
   if (row) {
     stats::count(stats::kCompleted);
-    key_wait::touched(name.wait_slot(caller));
+    key_wait::touched(name.wait_slot(caller.role));
     return *row;
   }
   KeyRow stored = explain_fence(store, name, token, caller, now);
@@ -694,7 +704,7 @@ KeyRow complete_one(Session& store, const KeyName& name, const pg_uuid_t& token,
 }
 
 Datum sql_complete_key(FunctionCallInfo fcinfo) {
-  const Oid caller = caller::calling_role("complete_key");
+  const Caller caller = calling("complete_key");
   KeyName name = key_arguments(fcinfo, 0, 4);
   pg_uuid_t token = token_argument(fcinfo, 1);
   key_store::Outcome outcome{};
@@ -709,17 +719,17 @@ Datum sql_complete_key(FunctionCallInfo fcinfo) {
 }
 
 Datum sql_release_key(FunctionCallInfo fcinfo) {
-  const Oid caller = caller::calling_role("release_key");
+  const Caller caller = calling("release_key");
   KeyName name = key_arguments(fcinfo, 0, 2);
   pg_uuid_t token = token_argument(fcinfo, 1);
   TimestampTz now = GetCurrentTimestamp();
   (void)as_owner(fcinfo, [&](Session& store, const caller::Installation&) {
-    if (!store.release(name.scope, name.key, token, caller, now)) {
+    if (!store.release(name.scope, name.key, token, caller.name, now)) {
       (void)explain_fence(store, name, token, caller, now);
       throw Error(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE,
                   "idempotency key " + name.describe() + " is completed and cannot be released");
     }
-    key_wait::touched(name.wait_slot(caller));
+    key_wait::touched(name.wait_slot(caller.role));
     return true;
   });
   stats::count(stats::kReleased);
@@ -727,7 +737,7 @@ Datum sql_release_key(FunctionCallInfo fcinfo) {
 }
 
 Datum sql_checkpoint_key(FunctionCallInfo fcinfo) {
-  const Oid caller = caller::calling_role("checkpoint_key");
+  const Caller caller = calling("checkpoint_key");
   KeyName name = key_arguments(fcinfo, 0, 3);
   pg_uuid_t token = token_argument(fcinfo, 1);
   text* recovery_point = reinterpret_cast<text*>(
@@ -741,12 +751,12 @@ Datum sql_checkpoint_key(FunctionCallInfo fcinfo) {
                                       gucs::max_lease_seconds);
   TimestampTz locked_until = as_owner(fcinfo, [&](Session& store, const caller::Installation&) {
     if (!lease) {
-      std::optional<KeyRow> row = store.find(caller, name.scope, name.key);
+      std::optional<KeyRow> row = store.find(caller.name, name.scope, name.key);
       if (!row || row->expires_at <= now) reject_missing(name);
       lease = row->lease;
     }
     TimestampTz until = add_interval(now, *lease);
-    if (!store.checkpoint(name.scope, name.key, token, caller, recovery_point, now, until)) {
+    if (!store.checkpoint(name.scope, name.key, token, caller.name, recovery_point, now, until)) {
       (void)explain_fence(store, name, token, caller, now);
       throw Error(
           ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE,
@@ -771,20 +781,18 @@ Datum sql_checkpoint_key(FunctionCallInfo fcinfo) {
 // whole call, which then changes nothing; its detail names the element.
 // ---------------------------------------------------------------------------------------
 
-// The elements of a one-dimensional array argument (absent: the argument is NULL).
-struct Elements {
-  bool absent = true;
-  Datum* values = nullptr;
-  bool* nulls = nullptr;
+// A one-dimensional array argument (array nullptr: the argument is NULL). Its elements are
+// read in order by an ElementWalk, never copied out all at once: a batch of millions of keys
+// costs no memory per element beyond the array PostgreSQL already holds.
+struct ArrayArgument {
+  ArrayType* array = nullptr;
   int count = 0;
-  bool is_null(int i) const { return absent || nulls[i]; }
 };
 
-Elements array_argument(FunctionCallInfo fcinfo, int n, Oid element_type, const char* name,
-                        int expected_count) {
-  Elements elements;
-  if (PG_ARGISNULL(n)) return elements;
-  elements.absent = false;
+ArrayArgument array_argument(FunctionCallInfo fcinfo, int n, Oid element_type, const char* name,
+                             int expected_count) {
+  ArrayArgument argument;
+  if (PG_ARGISNULL(n)) return argument;
   ArrayType* array = pg_call([&] { return PG_GETARG_ARRAYTYPE_P(n); });
   if (ARR_NDIM(array) > 1)
     throw Error(ERRCODE_ARRAY_SUBSCRIPT_ERROR,
@@ -792,32 +800,62 @@ Elements array_argument(FunctionCallInfo fcinfo, int n, Oid element_type, const 
                 std::string(name) + " has " + std::to_string(ARR_NDIM(array)) + " dimensions.");
   if (ARR_ELEMTYPE(array) != element_type)
     throw Error(ERRCODE_DATATYPE_MISMATCH, std::string(name) + " is an array of another type");
-  pg_call([&] {
-    int16 length = 0;
-    bool by_value = false;
-    char align = 0;
-    get_typlenbyvalalign(element_type, &length, &by_value, &align);
-    deconstruct_array(array, element_type, length, by_value, align, &elements.values,
-                      &elements.nulls, &elements.count);
-  });
-  if (expected_count >= 0 && elements.count != expected_count)
+  argument.array = array;
+  argument.count = ARR_NDIM(array) == 0 ? 0 : ARR_DIMS(array)[0];
+  if (expected_count >= 0 && argument.count != expected_count)
     throw Error(ERRCODE_ARRAY_SUBSCRIPT_ERROR, std::string(name) + " and keys differ in length",
-                std::string(name) + " has " + std::to_string(elements.count) +
+                std::string(name) + " has " + std::to_string(argument.count) +
                     " elements; keys has " + std::to_string(expected_count) + ".",
                 "Pass one element per key, or NULL for none.");
-  return elements;
+  return argument;
 }
 
-Elements keys_argument(FunctionCallInfo fcinfo) {
+ArrayArgument keys_argument(FunctionCallInfo fcinfo) {
   if (PG_ARGISNULL(0))
     throw Error(ERRCODE_NULL_VALUE_NOT_ALLOWED, "keys must not be null", {},
                 "Pass an array of keys; an empty array gives no rows.");
   return array_argument(fcinfo, 0, TEXTOID, "keys", -1);
 }
 
-// Runs `work` for the element at `ordinality`; an error says which element it was.
+// Walks the arrays of one batch in step, element by element (an absent array gives NULLs).
+// Values point into the arrays. Trivially destructible: its iterators live in the current
+// memory context.
+class ElementWalk {
+ public:
+  static constexpr int kMaxArrays = 4;
+  ElementWalk(std::initializer_list<const ArrayArgument*> arrays) {
+    for (const ArrayArgument* argument : arrays) {
+      ArrayType* array = argument->array;
+      iterators_[count_++] =
+          array == nullptr ? nullptr : pg_call([&] { return array_create_iterator(array, 0, nullptr); });
+    }
+  }
+  // Moves every array to its next element.
+  void next() {
+    for (int k = 0; k < count_; ++k) {
+      nulls_[k] = true;
+      if (iterators_[k] == nullptr) continue;
+      ArrayIterator iterator = iterators_[k];
+      Datum* value = &values_[k];
+      bool* is_null = &nulls_[k];
+      if (!pg_call([&] { return array_iterate(iterator, value, is_null); })) *is_null = true;
+    }
+  }
+  Datum value(int k) const { return values_[k]; }
+  bool is_null(int k) const { return nulls_[k]; }
+
+ private:
+  ArrayIterator iterators_[kMaxArrays] = {};
+  Datum values_[kMaxArrays] = {};
+  bool nulls_[kMaxArrays] = {};
+  int count_ = 0;
+};
+
+// Runs `work` for the element at `ordinality`; an error says which element it was. Answers
+// interrupts first: a batch of any size can be cancelled within an element's time.
 template <typename Work>
 auto for_element(int ordinality, Work&& work) {
+  check_for_interrupts();
   try {
     return work();
   } catch (const Error& e) {
@@ -864,20 +902,36 @@ void put_batch_row(const BatchOutput& output, int ordinality, Datum key,
   pg_call([&] { tuplestore_putvalues(output.rows, output.descriptor, values, nulls); });
 }
 
-// Runs `work(i)` for each element as the installation's owner, each in a memory context
-// that is emptied after the element, so that a batch of any size runs in bounded memory.
-template <typename Work>
-void for_each_element(FunctionCallInfo fcinfo, int count, Work&& work) {
+// Checks every element with `check(walk, ordinality)` before any is acted on (a bad element
+// fails the call, which then has changed nothing), then runs `work(store, at, walk,
+// ordinality)` for each as the installation's owner. Each element runs in a memory context
+// that is emptied after it, so a batch of any size runs in bounded memory.
+template <typename Check, typename Work>
+void for_each_element(FunctionCallInfo fcinfo, std::initializer_list<const ArrayArgument*> arrays,
+                      int count, Check&& check, Work&& work) {
   MemoryContext function_context = CurrentMemoryContext;
   MemoryContext per_element = pg_call([&] {
     return AllocSetContextCreate(function_context, "idempotency batch element",
                                  ALLOCSET_DEFAULT_SIZES);
   });
+  {
+    ElementWalk walk(arrays);
+    for (int i = 1; i <= count; ++i) {
+      walk.next();
+      MemoryContextSwitchTo(per_element);
+      for_element(i, [&] { return check(walk, i); });
+      MemoryContextSwitchTo(function_context);
+      MemoryContextReset(per_element);
+    }
+  }
+  BatchOutput output = begin_batch_output(fcinfo);
+  ElementWalk walk(arrays);
   (void)as_owner(fcinfo, [&](Session& store, const caller::Installation& at) {
-    for (int i = 0; i < count; ++i) {
+    for (int i = 1; i <= count; ++i) {
+      walk.next();
       MemoryContextSwitchTo(per_element);
       store.use_context(per_element);
-      for_element(i + 1, [&] { return work(store, at, i); });
+      put_batch_row(output, i, walk.value(0), for_element(i, [&] { return work(store, at, walk); }));
       MemoryContextSwitchTo(function_context);
       MemoryContextReset(per_element);
     }
@@ -886,87 +940,86 @@ void for_each_element(FunctionCallInfo fcinfo, int count, Work&& work) {
   MemoryContextSwitchTo(function_context);
 }
 
+// The key of the current element, checked (keys are the walk's first array).
+KeyName element_name(const ElementWalk& walk, text* scope) {
+  if (walk.is_null(0)) reject_null_key();
+  text* key = pg_call([&] { return DatumGetTextPP(walk.value(0)); });
+  return checked_name(scope, key);
+}
+
 Datum sql_claim_keys(FunctionCallInfo fcinfo) {
-  const Oid caller = caller::calling_role("claim_keys");
-  const Elements keys = keys_argument(fcinfo);
-  const Elements fingerprints = array_argument(fcinfo, 1, BYTEAOID, "fingerprints", keys.count);
+  const Caller caller = calling("claim_keys");
+  const ArrayArgument keys = keys_argument(fcinfo);
+  const ArrayArgument fingerprints =
+      array_argument(fcinfo, 1, BYTEAOID, "fingerprints", keys.count);
   if (PG_ARGISNULL(2)) reject_null_scope();
   text* scope = text_argument(fcinfo, 2);
-  const Interval ttl =
+  ClaimRequest request(KeyName{scope, nullptr});
+  request.ttl =
       bounded_interval_argument(fcinfo, 3, "ttl", gucs::default_ttl_seconds, gucs::max_ttl_seconds);
-  const Interval lease = bounded_interval_argument(fcinfo, 4, "lease", gucs::default_lease_seconds,
-                                                   gucs::max_lease_seconds);
-  // Every element is checked before any is claimed.
-  std::vector<ClaimRequest> requests;
-  requests.reserve(static_cast<size_t>(keys.count));
-  for (int i = 0; i < keys.count; ++i) {
-    for_element(i + 1, [&] {
-      if (keys.nulls[i]) reject_null_key();
-      text* key = pg_call([&] { return DatumGetTextPP(keys.values[i]); });
-      ClaimRequest request(checked_name(scope, key));
-      if (!fingerprints.is_null(i)) request.fingerprint = fingerprint_value(fingerprints.values[i]);
-      request.ttl = ttl;
-      request.lease = lease;
-      request.caller = caller;
-      requests.push_back(request);
-      return true;
-    });
-  }
-  BatchOutput output = begin_batch_output(fcinfo);
+  request.lease = bounded_interval_argument(fcinfo, 4, "lease", gucs::default_lease_seconds,
+                                            gucs::max_lease_seconds);
+  request.caller = caller;
   // A batch never waits: its deadline has passed already.
-  const TimestampTz deadline = GetCurrentTimestamp();
-  for_each_element(fcinfo, keys.count, [&](Session& store, const caller::Installation& at, int i) {
-    ClaimRequest& request = requests[static_cast<size_t>(i)];
-    request.table = at.table;
-    request.deadline = deadline;
-    put_batch_row(output, i + 1, keys.values[i], claim(store, request));
-    return true;
-  });
+  request.deadline = GetCurrentTimestamp();
+  auto fingerprint_of = [](const ElementWalk& walk) {
+    return walk.is_null(1) ? nullptr : fingerprint_value(walk.value(1));
+  };
+  for_each_element(
+      fcinfo, {&keys, &fingerprints}, keys.count,
+      [&](const ElementWalk& walk, int) {
+        (void)element_name(walk, scope);
+        (void)fingerprint_of(walk);
+        return true;
+      },
+      [&](Session& store, const caller::Installation& at, const ElementWalk& walk) {
+        request.name = element_name(walk, scope);
+        request.fingerprint = fingerprint_of(walk);
+        request.table = at.table;
+        return claim(store, request);
+      });
   return static_cast<Datum>(0);
 }
 
 Datum sql_complete_keys(FunctionCallInfo fcinfo) {
-  const Oid caller = caller::calling_role("complete_keys");
-  const Elements keys = keys_argument(fcinfo);
-  const Elements tokens = array_argument(fcinfo, 1, UUIDOID, "tokens", keys.count);
-  if (tokens.absent)
+  const Caller caller = calling("complete_keys");
+  const ArrayArgument keys = keys_argument(fcinfo);
+  const ArrayArgument tokens = array_argument(fcinfo, 1, UUIDOID, "tokens", keys.count);
+  if (tokens.array == nullptr)
     throw Error(ERRCODE_NULL_VALUE_NOT_ALLOWED, "tokens must not be null", {},
                 "Pass the tokens that claim_keys returned, one per key.");
-  const Elements responses = array_argument(fcinfo, 2, JSONBOID, "responses", keys.count);
-  const Elements codes = array_argument(fcinfo, 3, INT4OID, "response_codes", keys.count);
+  const ArrayArgument responses = array_argument(fcinfo, 2, JSONBOID, "responses", keys.count);
+  const ArrayArgument codes = array_argument(fcinfo, 3, INT4OID, "response_codes", keys.count);
   if (PG_ARGISNULL(4)) reject_null_scope();
   text* scope = text_argument(fcinfo, 4);
+  const TimestampTz now = GetCurrentTimestamp();
   struct Completion {
     KeyName name;
     pg_uuid_t token;
     key_store::Outcome outcome;
   };
-  std::vector<Completion> completions;
-  completions.reserve(static_cast<size_t>(keys.count));
-  for (int i = 0; i < keys.count; ++i) {
-    for_element(i + 1, [&] {
-      if (keys.nulls[i]) reject_null_key();
-      text* key = pg_call([&] { return DatumGetTextPP(keys.values[i]); });
-      Completion completion{checked_name(scope, key), {}, {}};
-      if (tokens.nulls[i])
-        throw Error(ERRCODE_NULL_VALUE_NOT_ALLOWED, "token must not be null", {},
-                    "Pass the token that claim_keys returned for this key.");
-      completion.token = *DatumGetUUIDP(tokens.values[i]);
-      if (!responses.is_null(i)) completion.outcome.response = response_value(responses.values[i]);
-      if (!codes.is_null(i)) completion.outcome.response_code = DatumGetInt32(codes.values[i]);
-      completions.push_back(completion);
-      return true;
-    });
-  }
-  BatchOutput output = begin_batch_output(fcinfo);
-  const TimestampTz now = GetCurrentTimestamp();
-  for_each_element(fcinfo, keys.count, [&](Session& store, const caller::Installation&, int i) {
-    const Completion& completion = completions[static_cast<size_t>(i)];
-    KeyRow row =
-        complete_one(store, completion.name, completion.token, completion.outcome, caller, now);
-    put_batch_row(output, i + 1, keys.values[i], stored_answer(Status::kReplay, row));
-    return true;
-  });
+  auto completion_of = [&](const ElementWalk& walk) {
+    Completion completion{element_name(walk, scope), {}, {}};
+    if (walk.is_null(1))
+      throw Error(ERRCODE_NULL_VALUE_NOT_ALLOWED, "token must not be null", {},
+                  "Pass the token that claim_keys returned for this key.");
+    completion.token = *DatumGetUUIDP(walk.value(1));
+    if (!walk.is_null(2)) completion.outcome.response = response_value(walk.value(2));
+    if (!walk.is_null(3)) completion.outcome.response_code = DatumGetInt32(walk.value(3));
+    return completion;
+  };
+  for_each_element(
+      fcinfo, {&keys, &tokens, &responses, &codes}, keys.count,
+      [&](const ElementWalk& walk, int) {
+        (void)completion_of(walk);
+        return true;
+      },
+      [&](Session& store, const caller::Installation&, const ElementWalk& walk) {
+        const Completion completion = completion_of(walk);
+        KeyRow row =
+            complete_one(store, completion.name, completion.token, completion.outcome, caller, now);
+        return stored_answer(Status::kReplay, row);
+      });
   return static_cast<Datum>(0);
 }
 

@@ -26,22 +26,19 @@ std::string batch_sql(const std::string& table) {
          " SELECT pg_catalog.count(*), pg_catalog.max(expires_at) FROM gone";
 }
 
-// The next owner after $1 along the primary key (owner, scope, key).
-std::string next_owner_sql(const std::string& table) {
-  return "SELECT owner FROM " + table + " WHERE owner OPERATOR(pg_catalog.>) $1" +
-         " ORDER BY owner LIMIT 1";
-}
-
-// Up to $2 keys of owner $1, locked without waiting and deleted.
+// Up to $1 keys whose owner names no role (dropped or renamed), locked without waiting and
+// deleted. The owner is the role's name (1.2), compared with pg_authid.rolname.
 std::string orphans_sql(const std::string& table) {
+  const std::string orphan =
+      " NOT EXISTS (SELECT FROM pg_catalog.pg_authid a"
+      " WHERE a.rolname OPERATOR(pg_catalog.=) k.owner)";
   return "WITH gone AS (DELETE FROM " + table +
-         " WHERE ctid OPERATOR(pg_catalog.=) ANY (ARRAY(SELECT ctid FROM " + table +
-         " WHERE owner OPERATOR(pg_catalog.=) $1 LIMIT $2 FOR UPDATE SKIP LOCKED))"
-         " AND owner OPERATOR(pg_catalog.=) $1 RETURNING 1)"
-         " SELECT pg_catalog.count(*) FROM gone";
+         " k WHERE ctid OPERATOR(pg_catalog.=) ANY (ARRAY(SELECT ctid FROM " + table + " k WHERE" +
+         orphan + " LIMIT $1 FOR UPDATE SKIP LOCKED)) AND" + orphan +
+         " RETURNING 1) SELECT pg_catalog.count(*) FROM gone";
 }
 
-enum PlanId { kBatch, kNextOwner, kOrphans, kPlanCount };
+enum PlanId { kBatch, kOrphans, kPlanCount };
 
 // Plans kept per backend for the table they were made for (a new table OID after DROP and
 // CREATE EXTENSION makes them stale).
@@ -68,13 +65,9 @@ SPIPlanPtr plan_for(Oid table, PlanId id) {
       sql = batch_sql(name);
       types = {TIMESTAMPTZOID, INT4OID, TIMESTAMPTZOID};
       break;
-    case kNextOwner:
-      sql = next_owner_sql(name);
-      types = {REGROLEOID};
-      break;
     default:
       sql = orphans_sql(name);
-      types = {REGROLEOID, INT4OID};
+      types = {INT4OID};
       break;
   }
   SPIPlanPtr plan = pg_call([&] {
@@ -180,23 +173,11 @@ Batch delete_batch_in(Oid table, TimestampTz now, TimestampTz from, int batch_si
 
 // Up to batch_size keys of dropped roles in one relation.
 uint64 delete_orphans_in(Oid table, int batch_size) {
-  uint64 deleted = 0;
-  Oid owner = InvalidOid;
-  while (deleted < static_cast<uint64>(batch_size)) {
-    Datum after[] = {ObjectIdGetDatum(owner)};
-    HeapTuple tuple = run_one_row(table, kNextOwner, after, {REGROLEOID}, true);
-    if (tuple == nullptr) break;
-    bool is_null = false;
-    owner = DatumGetObjectId(SPI_getbinval(tuple, SPI_tuptable->tupdesc, 1, &is_null));
-    if (is_null) break;
-    if (pg_call([&] { return SearchSysCacheExists1(AUTHOID, ObjectIdGetDatum(owner)); })) continue;
-    Datum values[] = {ObjectIdGetDatum(owner),
-                      Int32GetDatum(static_cast<int32>(batch_size - deleted))};
-    tuple = run_one_row(table, kOrphans, values, {INT8OID});
-    deleted += static_cast<uint64>(
-        DatumGetInt64(SPI_getbinval(tuple, SPI_tuptable->tupdesc, 1, &is_null)));
-  }
-  return deleted;
+  Datum values[] = {Int32GetDatum(batch_size)};
+  HeapTuple tuple = run_one_row(table, kOrphans, values, {INT8OID});
+  bool is_null = false;
+  return static_cast<uint64>(
+      DatumGetInt64(SPI_getbinval(tuple, SPI_tuptable->tupdesc, 1, &is_null)));
 }
 
 }  // namespace

@@ -25,9 +25,8 @@ struct Batch {
 // caller (computed in C++: no volatile function in the DML).
 Batch delete_batch(Oid table, TimestampTz now, TimestampTz from, int batch_size);
 
-// Deletes up to `batch_size` keys whose owner no longer exists (a dropped role's keys are
-// never handed to another role: a role created later may get the same OID). Walks the
-// distinct owners along the primary key, a few index descents per role. Needs an open SPI
+// Deletes up to `batch_size` keys whose owner names no existing role (a dropped or renamed
+// role's keys are never left for a role created later under that name). Needs an open SPI
 // connection.
 Batch delete_orphans(Oid table, int batch_size);
 

@@ -38,7 +38,7 @@ struct ColumnSpec {
 constexpr ColumnSpec kColumns[kColumnCount] = {
     {"scope", TEXTOID, "text", true, true},
     {"key", TEXTOID, "text", true, true},
-    {"owner", REGROLEOID, "regrole", true, true},
+    {"owner", TEXTOID, "text", true, true},
     {"fingerprint", BYTEAOID, "bytea", false, true},
     {"attempts", INT4OID, "integer", true, true},
     {"ttl", INTERVALOID, "interval", true, true},
@@ -55,10 +55,13 @@ constexpr ColumnSpec kColumns[kColumnCount] = {
 };
 // The column behind each RowColumn of key_row.hpp (index 0 unused).
 constexpr Column kRowColumnSource[] = {
-    kStatus,     kStatus,      kOwner,    kFingerprint, kResponse,  kResponseCode, kRecoveryPoint,
-    kLeaseToken, kLockedUntil, kAttempts, kTtl,         kCreatedAt, kExpiresAt,    kLease};
+    kStatus,      kStatus,   kFingerprint, kResponse,  kResponseCode, kRecoveryPoint, kLeaseToken,
+    kLockedUntil, kAttempts, kTtl,         kCreatedAt, kExpiresAt,    kLease};
 
-constexpr int kMaxIndexes = 8;
+// Indexes the direct path keeps open for a write. Generous: a cancelled REINDEX CONCURRENTLY
+// (which a database owner may run) leaves a copy of each index behind, and such leftovers must
+// not push every claim onto the executor path.
+constexpr int kMaxIndexes = 32;
 constexpr int kMaxAttributes = 64;  // live and dropped columns of the table
 
 // Why a write must go through the executor: the one list of what INSERT and UPDATE do
@@ -89,10 +92,6 @@ struct Layout {
   Oid table = InvalidOid;          // InvalidOid: not loaded
   MemoryContext memory = nullptr;  // holds index_info
   Oid primary_key = InvalidOid;
-  // The primary key's columns after owner: (scope, key) as 1.0 made it, (key, scope) since
-  // 1.1, whose descents compare the key first (index column numbers, 1-based).
-  AttrNumber pk_scope = 2;
-  AttrNumber pk_key = 3;
   AttrNumber attnum[kColumnCount] = {};
   Oid processing_label = InvalidOid;
   Oid completed_label = InvalidOid;
@@ -124,28 +123,24 @@ void forget_labels(Datum, SyscacheId, uint32) {
 }
 
 // What makes the table unusable by this version (the executor path would misread it too).
-enum class LayoutProblem { kNone, kMissingColumn, kColumnType, kLabel, kPrimaryKey };
+enum class LayoutProblem { kNone, kMissingColumn, kColumnType, kLabel, kPrimaryKey, kOldVersion };
 constexpr const char* kStatusLabels[] = {"processing", "completed"};
 struct LayoutCheck {
   LayoutProblem problem = LayoutProblem::kNone;
   int column = 0;
 };
 
-// The key's identity: owner, then scope and key in either order (1.0: scope first; 1.1: key
-// first), scope and key compared bytewise. Says where scope and key are in the index.
-bool is_our_primary_key(Relation index, const Layout& l, AttrNumber* scope_at = nullptr,
-                        AttrNumber* key_at = nullptr) {
+// The key's identity since 1.2: (key, scope, owner), all compared bytewise. The key comes
+// first so that descents compare mostly keys, read at a fixed offset; the owner is the
+// role's name, so that a key names its role wherever its row moves.
+bool is_our_primary_key(Relation index, const Layout& l) {
   const Form_pg_index form = index->rd_index;
-  if (!form->indisprimary || form->indnkeyatts != 3 || form->indkey.values[0] != l.attnum[kOwner] ||
-      index->rd_indcollation[1] != C_COLLATION_OID || index->rd_indcollation[2] != C_COLLATION_OID)
-    return false;
-  const bool scope_first =
-      form->indkey.values[1] == l.attnum[kScope] && form->indkey.values[2] == l.attnum[kKey];
-  const bool key_first =
-      form->indkey.values[1] == l.attnum[kKey] && form->indkey.values[2] == l.attnum[kScope];
-  if (scope_at != nullptr) *scope_at = scope_first ? 2 : 3;
-  if (key_at != nullptr) *key_at = scope_first ? 3 : 2;
-  return scope_first || key_first;
+  return form->indisprimary && form->indnkeyatts == 3 &&
+         form->indkey.values[0] == l.attnum[kKey] && form->indkey.values[1] == l.attnum[kScope] &&
+         form->indkey.values[2] == l.attnum[kOwner] &&
+         index->rd_indcollation[0] == C_COLLATION_OID &&
+         index->rd_indcollation[1] == C_COLLATION_OID &&
+         index->rd_indcollation[2] == C_COLLATION_OID;
 }
 
 // Fills `l` from the open table.
@@ -170,6 +165,10 @@ LayoutCheck read_layout(Relation table, Layout& l) {
     l.attnum[column] = attribute->attnum;
     bool right_type = column == kStatus ? get_typtype(attribute->atttypid) == TYPTYPE_ENUM
                                         : attribute->atttypid == kColumns[column].type;
+    // 1.0 and 1.1 stored the owner as a regrole (an OID, which names another role or none
+    // after the row moves to another node or cluster).
+    if (column == kOwner && attribute->atttypid == REGROLEOID)
+      return {LayoutProblem::kOldVersion, column};
     if (!right_type) return {LayoutProblem::kColumnType, column};
     if (attribute->atttypmod != -1) needs(ExecutorReason::kTypmod);
     if (attribute->attnotnull && !kColumns[column].not_null) needs(ExecutorReason::kExtraNotNull);
@@ -192,8 +191,7 @@ LayoutCheck read_layout(Relation table, Layout& l) {
   ListCell* cell = nullptr;
   foreach (cell, indexes) {
     Relation index = index_open(lfirst_oid(cell), AccessShareLock);
-    if (is_our_primary_key(index, l, &l.pk_scope, &l.pk_key))
-      l.primary_key = RelationGetRelid(index);
+    if (is_our_primary_key(index, l)) l.primary_key = RelationGetRelid(index);
     if (l.index_count < kMaxIndexes) {
       MemoryContext old = MemoryContextSwitchTo(l.memory);
       IndexInfo* info = BuildIndexInfo(index);
@@ -205,8 +203,11 @@ LayoutCheck read_layout(Relation table, Layout& l) {
           (index->rd_index->indisunique && !index->rd_index->indimmediate))
         needs(ExecutorReason::kIndexKind);
       // The direct path probes the primary key only; the executor would check every unique
-      // index (and use one on the same columns as an arbiter).
-      if (index->rd_index->indisunique && !is_our_primary_key(index, l))
+      // index (and use one on the same columns as an arbiter). An invalid one (the leftover of
+      // a cancelled CREATE INDEX or REINDEX CONCURRENTLY) is no arbiter for the executor
+      // either: it gets its entries, with a plain unique check, when it is ready for inserts.
+      if (index->rd_index->indisunique && index->rd_index->indisvalid &&
+          !is_our_primary_key(index, l))
         needs(ExecutorReason::kOtherUniqueIndex);
       l.index_oids[l.index_count] = RelationGetRelid(index);
       l.index_info[l.index_count++] = info;
@@ -250,7 +251,13 @@ void load_layout(Relation table) {
     case LayoutProblem::kPrimaryKey:
       throw Error(
           ERRCODE_UNDEFINED_OBJECT,
-          "idempotency_keys lacks its primary key (owner, scope, key) with collation \"C\"");
+          "idempotency_keys lacks its primary key (key, scope, owner) with collation \"C\"", {},
+          "A table made by an older version needs: ALTER EXTENSION idempotency UPDATE.");
+    case LayoutProblem::kOldVersion:
+      throw Error(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE,
+                  "idempotency_keys was made by idempotency 1.1 or older",
+                  "This library needs the 1.2 table, whose owner column holds the role's name.",
+                  "Run ALTER EXTENSION idempotency UPDATE in this database.");
     case LayoutProblem::kNone:
       break;
   }
@@ -276,15 +283,13 @@ ExecutorReason needs_executor(Relation table) {
 }
 
 // Looks up (owner, scope, key) in the primary key with `snapshot`, leaving the row in `slot`.
-bool probe(Relation table, Relation primary_key, Snapshot snapshot, Oid owner, text* scope,
+bool probe(Relation table, Relation primary_key, Snapshot snapshot, text* owner, text* scope,
            text* key, TupleTableSlot* slot) {
-  // In the index's column order, as B-Tree scans require.
+  // In the index's column order (key, scope, owner), as B-Tree scans require.
   ScanKeyData keys[3];
-  ScanKeyInit(&keys[0], 1, BTEqualStrategyNumber, F_OIDEQ, ObjectIdGetDatum(owner));
-  ScanKeyInit(&keys[layout.pk_scope - 1], layout.pk_scope, BTEqualStrategyNumber, F_TEXTEQ,
-              PointerGetDatum(scope));
-  ScanKeyInit(&keys[layout.pk_key - 1], layout.pk_key, BTEqualStrategyNumber, F_TEXTEQ,
-              PointerGetDatum(key));
+  ScanKeyInit(&keys[0], 1, BTEqualStrategyNumber, F_TEXTEQ, PointerGetDatum(key));
+  ScanKeyInit(&keys[1], 2, BTEqualStrategyNumber, F_TEXTEQ, PointerGetDatum(scope));
+  ScanKeyInit(&keys[2], 3, BTEqualStrategyNumber, F_TEXTEQ, PointerGetDatum(owner));
 #if PG_VERSION_NUM >= 190000  // index_beginscan gained a flags argument
   IndexScanDesc scan = index_beginscan(table, primary_key, snapshot, nullptr, 3, 0, SO_NONE);
 #elif PG_VERSION_NUM >= 180000  // index_beginscan gained an instrumentation argument
@@ -438,11 +443,29 @@ KeyRow decode_values(const Datum* values, const bool* nulls, MemoryContext conte
 
 }  // namespace
 
+namespace {
+
+// As INSERT .. ON CONFLICT does: a transaction that reads with one snapshot (REPEATABLE READ,
+// SERIALIZABLE) cannot decide from a version of the key committed after that snapshot.
+void raise_committed_after_snapshot(text* key) {
+  ereport(ERROR, (errcode(ERRCODE_T_R_SERIALIZATION_FAILURE),
+                  errmsg("could not serialize access due to concurrent update"),
+                  errdetail("Idempotency key \"%s\" was written by a transaction that "
+                            "committed after this transaction's snapshot.",
+                            text_to_cstring(key))));
+}
+
+}  // namespace
+
 bool available() {
   // Citus can only be loaded with the server (shared_preload_libraries), before any call
   // here, so the answer holds for the backend's life: looked up once, not on every call.
   static const bool without_citus = GetConfigOption("citus.version", true, false) == nullptr;
   return without_citus;
+}
+
+bool direct_path() {
+  return available() && ExecutorCheckPerms_hook == nullptr && object_access_hook == nullptr;
 }
 
 namespace {
@@ -451,7 +474,7 @@ namespace {
 // the slot holding the version found (nullptr when there is none) and says whether that
 // version is the row to decode into `*row`.
 template <typename Take>
-void read_key(Oid table, Oid owner, text* scope, text* key, Snapshot snapshot,
+void read_key(Oid table, text* owner, text* scope, text* key, Snapshot snapshot,
               MemoryContext context, std::optional<KeyRow>* row, Take&& take) {
   // No privilege check, unlike the writes: every caller acts as the extension owner, who owns
   // the table (caller.hpp); the caller's own rights are never what reads it.
@@ -480,14 +503,19 @@ void read_key(Oid table, Oid owner, text* scope, text* key, Snapshot snapshot,
 
 }  // namespace
 
-std::optional<KeyRow> find(Oid table, Oid owner, text* scope, text* key, MemoryContext context) {
+std::optional<KeyRow> find(Oid table, text* owner, text* scope, text* key, MemoryContext context,
+                           bool latest) {
   std::optional<KeyRow> row;
-  read_key(table, owner, scope, key, GetActiveSnapshot(), context, &row,
+  // An MVCC probe: under SERIALIZABLE, B-Tree and heap take the predicate locks on what it saw
+  // (the leaf page, the tuple), as a SELECT's index scan does.
+  Snapshot snapshot =
+      latest && !IsolationUsesXactSnapshot() ? GetLatestSnapshot() : GetActiveSnapshot();
+  read_key(table, owner, scope, key, snapshot, context, &row,
            [](Relation, TupleTableSlot* slot) { return slot != nullptr; });
   return row;
 }
 
-Seen look(Oid table, Oid owner, text* scope, text* key, MemoryContext context,
+Seen look(Oid table, text* owner, text* scope, text* key, MemoryContext context,
           std::optional<KeyRow>* row) {
   SnapshotData dirty;
   InitDirtySnapshot(dirty);
@@ -498,10 +526,16 @@ Seen look(Oid table, Oid owner, text* scope, text* key, MemoryContext context,
              // The version found is the statement's row when the statement's snapshot sees
              // it (never so for a version of another open transaction): of the versions of
              // one key, that snapshot sees at most one.
-             seen = table_tuple_satisfies_snapshot(relation, slot, GetActiveSnapshot())
-                        ? Seen::kRow
-                        : Seen::kUndecided;
-             return seen == Seen::kRow;
+             if (table_tuple_satisfies_snapshot(relation, slot, GetActiveSnapshot())) {
+               seen = Seen::kRow;
+               return true;
+             }
+             // Neither an open transaction's version nor this transaction's own (a later
+             // command's): one committed after the snapshot.
+             if (!TransactionIdIsValid(dirty.xmin) && serialization_conflict(relation, slot))
+               raise_committed_after_snapshot(key);
+             seen = Seen::kUndecided;
+             return false;
            });
   return seen;
 }
@@ -515,7 +549,7 @@ enum class Found { kNothing, kRow, kOpenClaim };
 // A version that another open transaction inserted is a claim in flight (kOpenClaim); any
 // other live version (committed, this transaction's own, or one that an open transaction
 // is deleting or updating) is a row for the caller to decide from again (kRow).
-Found probe_dirty(Writer& writer, Oid owner, text* scope, text* key) {
+Found probe_dirty(Writer& writer, text* owner, text* scope, text* key) {
   TupleTableSlot* slot = table_slot_create(writer.table, nullptr);
   SnapshotData dirty;
   InitDirtySnapshot(dirty);
@@ -525,14 +559,7 @@ Found probe_dirty(Writer& writer, Oid owner, text* scope, text* key) {
   const bool open_insert = exists && TransactionIdIsValid(dirty.xmin);
   bool conflict = exists && !open_insert && serialization_conflict(writer.table, slot);
   ExecDropSingleTupleTableSlot(slot);
-  // As INSERT .. ON CONFLICT does: a transaction-snapshot transaction cannot decide from a
-  // row committed after its snapshot.
-  if (conflict)
-    ereport(ERROR, (errcode(ERRCODE_T_R_SERIALIZATION_FAILURE),
-                    errmsg("could not serialize access due to concurrent update"),
-                    errdetail("Idempotency key \"%s\" was claimed by a transaction that "
-                              "committed after this transaction's snapshot.",
-                              text_to_cstring(key))));
+  if (conflict) raise_committed_after_snapshot(key);
   if (open_insert) return Found::kOpenClaim;
   return exists ? Found::kRow : Found::kNothing;
 }
@@ -570,7 +597,7 @@ InsertResult insert(Oid table, text* scope, text* key, const ClaimValues& claim,
     };
     set(kScope, PointerGetDatum(scope));
     set(kKey, PointerGetDatum(key));
-    set(kOwner, ObjectIdGetDatum(claim.owner));
+    set(kOwner, PointerGetDatum(claim.owner));
     if (claim.fingerprint != nullptr) set(kFingerprint, PointerGetDatum(claim.fingerprint));
     set(kAttempts, Int32GetDatum(1));
     set(kTtl, IntervalPGetDatum(&claim.ttl));
@@ -615,7 +642,7 @@ InsertResult insert(Oid table, text* scope, text* key, const ClaimValues& claim,
 }
 
 std::optional<KeyRow> complete(Oid table, const key_store::RowAddress& where, text* scope,
-                               text* key, const pg_uuid_t& token, Oid owner, const Outcome& outcome,
+                               text* key, const pg_uuid_t& token, text* owner, const Outcome& outcome,
                                TimestampTz now, TimestampTz expires_at, MemoryContext context) {
   Writer writer;
   if (!open_writer(writer, table, ACL_UPDATE | ACL_SELECT, "UPDATE")) return std::nullopt;
@@ -640,7 +667,7 @@ std::optional<KeyRow> complete(Oid table, const key_store::RowAddress& where, te
     auto at = [](Column column) { return layout.attnum[column] - 1; };
     bool holds = !nulls[at(kLeaseToken)] &&
                  memcmp(DatumGetUUIDP(values[at(kLeaseToken)])->data, token.data, UUID_LEN) == 0 &&
-                 DatumGetObjectId(values[at(kOwner)]) == owner &&
+                 same_text(values[at(kOwner)], owner) &&
                  DatumGetObjectId(values[at(kStatus)]) == layout.processing_label &&
                  DatumGetTimestampTz(values[at(kExpiresAt)]) > now &&
                  same_text(values[at(kScope)], scope) && same_text(values[at(kKey)], key);

@@ -30,21 +30,34 @@ using key_store::Outcome;
 // an empty shell, and nothing here may be used.
 bool available();
 
-// The row of (owner, scope, key) visible to the calling statement's snapshot; varlena
-// values are copied into `context`.
-std::optional<KeyRow> find(Oid table, Oid owner, text* scope, text* key, MemoryContext context);
+// May this call read and write the table directly at all? Not under Citus, and not when a
+// hook that the executor calls for every statement is set (ExecutorCheckPerms_hook:
+// sepgsql, pgaudit's object audit; object_access_hook): those must see every access, so the
+// executor makes them all. The table's shape decides the writes further (ExecutorReason).
+bool direct_path();
+
+// The row of (owner, scope, key) that this transaction sees: with the statement's snapshot,
+// or with a new one at READ COMMITTED when `latest` is set (a snapshot transaction always
+// reads with its own). Under SERIALIZABLE the probe takes the predicate locks a SELECT would.
+// Varlena values are copied into `context`.
+std::optional<KeyRow> find(Oid table, text* owner, text* scope, text* key, MemoryContext context,
+                           bool latest = false);
 
 // What the first look at a key found.
 enum class Seen {
   kNothing,    // no version of the key is live for anyone: insert() need not probe again
   kRow,        // `*row` is the version the statement's snapshot sees
-  kUndecided,  // a version of an open transaction, or one the snapshot does not see: find()
+  kUndecided,  // a version of an open transaction, or (READ COMMITTED) one committed after
+               // the statement's snapshot: find(latest) decides
 };
 // The first look at (owner, scope, key): one primary-key descent with a dirty snapshot,
 // which answers both "is there any version?" (for the insert that may follow) and, in the
 // common case, "which row does the statement see?" (for the verdict). Varlena values of
-// `*row` are copied into `context`.
-Seen look(Oid table, Oid owner, text* scope, text* key, MemoryContext context,
+// `*row` are copied into `context`. Under REPEATABLE READ and SERIALIZABLE a version committed
+// after the transaction's snapshot raises 40001, as INSERT .. ON CONFLICT does: no answer is
+// given from a version the transaction cannot see the end of. The dirty probe takes no
+// predicate lock: under SERIALIZABLE the caller reads again with find() for them.
+Seen look(Oid table, text* owner, text* scope, text* key, MemoryContext context,
           std::optional<KeyRow>* row);
 
 // kBusy: another transaction that is still open inserted (claimed) the key.
@@ -64,7 +77,7 @@ InsertResult insert(Oid table, text* scope, text* key, const ClaimValues& claim,
 // nullopt means "not done here": the table needs the executor, or the row at `where` is no
 // longer that claim's live row; the executor path then decides (and explains a refusal).
 std::optional<KeyRow> complete(Oid table, const key_store::RowAddress& where, text* scope,
-                               text* key, const pg_uuid_t& token, Oid owner, const Outcome& outcome,
+                               text* key, const pg_uuid_t& token, text* owner, const Outcome& outcome,
                                TimestampTz now, TimestampTz expires_at, MemoryContext context);
 
 // Registers the relcache callback that forgets a cached table layout when it changes.

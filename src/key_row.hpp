@@ -11,7 +11,6 @@ namespace idem::key_store {
 // that was current when the Session was opened, so they outlive the SPI connection.
 struct KeyRow {
   bool completed;
-  Oid owner;
   bytea* fingerprint;  // nullptr = NULL
   Jsonb* response;     // nullptr = NULL
   std::optional<int32> response_code;
@@ -27,7 +26,7 @@ struct KeyRow {
 
 // Values of a fresh or renewed claim.
 struct ClaimValues {
-  Oid owner;
+  text* owner;  // the claiming role's name
   bytea* fingerprint;  // nullptr = NULL
   pg_uuid_t token;
   TimestampTz now;
@@ -58,7 +57,6 @@ constexpr RowAddress kNowhere = {{{0, 0}, InvalidOffsetNumber}, InvalidOid};
 // The columns a KeyRow is read from, in the order decode_columns numbers them (1-based).
 enum RowColumn {
   kRowStatus = 1,
-  kRowOwner,
   kRowFingerprint,
   kRowResponse,
   kRowResponseCode,
@@ -99,7 +97,6 @@ KeyRow decode_columns(ColumnReader&& column, bool completed, MemoryContext conte
   KeyRow row{};
   bool is_null = false;
   row.completed = completed;
-  row.owner = DatumGetObjectId(required(kRowOwner));
   row.fingerprint = reinterpret_cast<bytea*>(copy_varlena(kRowFingerprint));
   row.response = reinterpret_cast<Jsonb*>(copy_varlena(kRowResponse));
   Datum code = column(kRowResponseCode, &is_null);

@@ -10,15 +10,16 @@ namespace {
 
 // The columns of a KeyRow, in the order of RowColumn (key_row.hpp).
 constexpr const char* kRowColumns =
-    "status OPERATOR(pg_catalog.=) 'completed', owner, fingerprint, response, response_code, "
+    "status OPERATOR(pg_catalog.=) 'completed', fingerprint, response, response_code, "
     "recovery_point, lease_token, locked_until, attempts, ttl, created_at, expires_at, lease";
 // The type of each column of kRowColumns: a result of another shape is refused before a
 // value of it is read (a statement re-planned against something else must never have its
 // values taken for ours).
 constexpr Oid kRowColumnTypes[] = {
-    BOOLOID,        REGROLEOID, BYTEAOID,    JSONBOID,       INT4OID,        TEXTOID,    UUIDOID,
-    TIMESTAMPTZOID, INT4OID,    INTERVALOID, TIMESTAMPTZOID, TIMESTAMPTZOID, INTERVALOID};
-// A key is (owner, scope, key): $1 scope, $2 key, and the owner where each statement has it.
+    BOOLOID,        BYTEAOID, JSONBOID,       INT4OID,        TEXTOID,       UUIDOID,
+    TIMESTAMPTZOID, INT4OID,  INTERVALOID,    TIMESTAMPTZOID, TIMESTAMPTZOID, INTERVALOID};
+// A key is (owner, scope, key), the owner being the claiming role's name: $1 scope, $2 key, and
+// the owner where each statement has it.
 constexpr const char* kWhereKey =
     "scope OPERATOR(pg_catalog.=) $1 AND key OPERATOR(pg_catalog.=) $2";
 constexpr const char* kAndOwner3 = " AND owner OPERATOR(pg_catalog.=) $3";
@@ -52,11 +53,11 @@ PlanSpec spec_of(PlanId id, const std::string& table) {
   const std::string fence = std::string(kWhereKey) + kWhereHolder;
   // Parameters of a claim: $1 scope, $2 key, $3 owner, $4 fingerprint, $5 ttl, $6 now,
   // $7 expires_at, $8 token, $9 locked_until, $10 lease.
-  const std::vector<Oid> claim_types = {TEXTOID,        TEXTOID,        REGROLEOID,     BYTEAOID,
+  const std::vector<Oid> claim_types = {TEXTOID,        TEXTOID,        TEXTOID,        BYTEAOID,
                                         INTERVALOID,    TIMESTAMPTZOID, TIMESTAMPTZOID, UUIDOID,
                                         TIMESTAMPTZOID, INTERVALOID};
-  const std::vector<Oid> key_types = {TEXTOID, TEXTOID, REGROLEOID};
-  const std::vector<Oid> fence_types = {TEXTOID, TEXTOID, UUIDOID, REGROLEOID, TIMESTAMPTZOID};
+  const std::vector<Oid> key_types = {TEXTOID, TEXTOID, TEXTOID};
+  const std::vector<Oid> fence_types = {TEXTOID, TEXTOID, UUIDOID, TEXTOID, TIMESTAMPTZOID};
   switch (id) {
     case kFind:
       return {select, key_types};
@@ -92,7 +93,7 @@ PlanSpec spec_of(PlanId id, const std::string& table) {
                   " SET status = 'completed', response_code = $7, updated_at = $5, response = $6,"
                   " expires_at = $8 WHERE " +
                   fence + returning,
-              {TEXTOID, TEXTOID, UUIDOID, REGROLEOID, TIMESTAMPTZOID, JSONBOID, INT4OID,
+              {TEXTOID, TEXTOID, UUIDOID, TEXTOID, TIMESTAMPTZOID, JSONBOID, INT4OID,
                TIMESTAMPTZOID}};
     case kRelease:
       return {"UPDATE " + table +
@@ -103,7 +104,7 @@ PlanSpec spec_of(PlanId id, const std::string& table) {
                   " SET recovery_point = $6, locked_until = $7,"
                   " expires_at = GREATEST(expires_at, $7), updated_at = $5 WHERE " +
                   fence,
-              {TEXTOID, TEXTOID, UUIDOID, REGROLEOID, TIMESTAMPTZOID, TEXTOID, TIMESTAMPTZOID}};
+              {TEXTOID, TEXTOID, UUIDOID, TEXTOID, TIMESTAMPTZOID, TEXTOID, TIMESTAMPTZOID}};
     default:
       throw Error(ERRCODE_INTERNAL_ERROR, "unknown statement");
   }
@@ -146,13 +147,19 @@ void prepare_plans(Oid table) {
   cache.table = table;
 }
 
-// Runs a prepared statement; returns the number of rows it processed.
+// Runs a prepared statement; returns the number of rows it processed. The caller's memory
+// context stays current (SPI leaves its own procedure context current after every call, where
+// whatever the caller allocates next would pile up until SPI_finish).
 uint64 run(PlanId id, Datum* values, const char* nulls, bool read_only, long limit) {
   // The previous result was decoded (copied) already: free it, or a batch's results would
   // pile up in the SPI connection's memory until it closes.
   if (SPI_tuptable != nullptr) pg_call([] { SPI_freetuptable(SPI_tuptable); });
-  int rc =
-      pg_call([&] { return SPI_execute_plan(cache.plans[id], values, nulls, read_only, limit); });
+  MemoryContext caller_context = CurrentMemoryContext;
+  int rc = pg_call([&] {
+    int result = SPI_execute_plan(cache.plans[id], values, nulls, read_only, limit);
+    MemoryContextSwitchTo(caller_context);
+    return result;
+  });
   if (rc < 0)
     throw Error(ERRCODE_INTERNAL_ERROR, "idempotency_keys statement failed",
                 SPI_result_code_string(rc));
@@ -204,7 +211,12 @@ Session::Session(Oid table, caller::ActingAsOwner& acting)
 void Session::connect() {
   if (connected_) return;
   acting_.pin_search_path();
-  int rc = pg_call([] { return SPI_connect(); });
+  MemoryContext caller_context = CurrentMemoryContext;
+  int rc = pg_call([&] {
+    int result = SPI_connect();
+    MemoryContextSwitchTo(caller_context);  // see run()
+    return result;
+  });
   if (rc != SPI_OK_CONNECT) throw Error(ERRCODE_INTERNAL_ERROR, "SPI_connect failed");
   connected_ = true;
   if (cache.table != table_) prepare_plans(table_);
@@ -226,9 +238,11 @@ void Session::finish() {
   pg_call([] { SPI_finish(); });
 }
 
-std::optional<KeyRow> Session::peek(Oid owner, text* scope, text* key, bool* absent) {
+std::optional<KeyRow> Session::peek(text* owner, text* scope, text* key, bool* absent,
+                                    bool fresh_snapshot) {
   *absent = false;
-  if (!key_heap::available() || !ActiveSnapshotSet()) return find(owner, scope, key, false);
+  if (!key_heap::direct_path() || !ActiveSnapshotSet())
+    return find(owner, scope, key, fresh_snapshot);
   std::optional<KeyRow> row;
   switch (key_heap::look(table_, owner, scope, key, caller_context_, &row)) {
     case key_heap::Seen::kNothing:
@@ -237,21 +251,23 @@ std::optional<KeyRow> Session::peek(Oid owner, text* scope, text* key, bool* abs
     case key_heap::Seen::kRow:
       break;
     case key_heap::Seen::kUndecided:
-      row = key_heap::find(table_, owner, scope, key, caller_context_);
-      break;
+      return key_heap::find(table_, owner, scope, key, caller_context_, true);
   }
+  // The dirty look takes no predicate lock; under SERIALIZABLE the same row (or the absence
+  // of one) is read again by an MVCC probe that takes them, as a SELECT would.
+  if (IsolationIsSerializable()) row = key_heap::find(table_, owner, scope, key, caller_context_);
   return row;
 }
 
-std::optional<KeyRow> Session::find(Oid owner, text* scope, text* key, bool fresh_snapshot) {
-  Datum values[] = {PointerGetDatum(scope), PointerGetDatum(key), ObjectIdGetDatum(owner)};
+std::optional<KeyRow> Session::find(text* owner, text* scope, text* key, bool fresh_snapshot) {
+  Datum values[] = {PointerGetDatum(scope), PointerGetDatum(key), PointerGetDatum(owner)};
   bool read_only = !fresh_snapshot && ActiveSnapshotSet();
   if (execute(kFind, values, nullptr, read_only, 1) == 0) return std::nullopt;
   return decode(0, caller_context_);
 }
 
-std::optional<KeyRow> Session::lock(Oid owner, text* scope, text* key) {
-  Datum values[] = {PointerGetDatum(scope), PointerGetDatum(key), ObjectIdGetDatum(owner)};
+std::optional<KeyRow> Session::lock(text* owner, text* scope, text* key) {
+  Datum values[] = {PointerGetDatum(scope), PointerGetDatum(key), PointerGetDatum(owner)};
   if (execute(kLock, values, nullptr, false, 1) == 0) return std::nullopt;
   return decode(0, caller_context_);
 }
@@ -261,7 +277,7 @@ void claim_parameters(text* scope, text* key, const ClaimValues& claim, Datum* v
                       char* nulls) {
   values[0] = PointerGetDatum(scope);
   values[1] = PointerGetDatum(key);
-  values[2] = ObjectIdGetDatum(claim.owner);
+  values[2] = PointerGetDatum(claim.owner);
   values[3] = nullable(claim.fingerprint);
   nulls[3] = null_flag(claim.fingerprint);
   values[4] = IntervalPGetDatum(&claim.ttl);
@@ -283,7 +299,7 @@ uint64 Session::execute_claim(int plan, text* scope, text* key, const ClaimValue
 Session::Insert Session::insert_unlocked(text* scope, text* key, const ClaimValues& claim,
                                          RowAddress* where, bool known_absent) {
   *where = kNowhere;
-  if (!key_heap::available()) return Insert::kNeedsLock;
+  if (!key_heap::direct_path()) return Insert::kNeedsLock;
   switch (key_heap::insert(table_, scope, key, claim, where, known_absent)) {
     case key_heap::InsertResult::kInserted:
       return Insert::kInserted;
@@ -313,25 +329,18 @@ KeyRow Session::reclaim(text* scope, text* key, const ClaimValues& claim) {
   return decode(0, caller_context_);
 }
 
-Oid Session::owner_on_node(Oid owner, text* scope, text* key) {
-  if (key_heap::available()) return owner;  // no Citus: the table is here
-  std::optional<KeyRow> row = find(owner, scope, key);
-  return row ? row->owner : owner;
-}
-
-std::optional<KeyRow> Session::complete(text* scope, text* key, const pg_uuid_t& token, Oid owner,
+std::optional<KeyRow> Session::complete(text* scope, text* key, const pg_uuid_t& token, text* owner,
                                         const Outcome& outcome, TimestampTz now,
                                         TimestampTz expires_at, const RowAddress& where) {
-  if (where.valid() && key_heap::available()) {
+  if (where.valid() && key_heap::direct_path()) {
     if (std::optional<KeyRow> row = key_heap::complete(table_, where, scope, key, token, owner,
                                                        outcome, now, expires_at, caller_context_))
       return row;
   }
-  owner = owner_on_node(owner, scope, key);
   Datum values[] = {PointerGetDatum(scope),
                     PointerGetDatum(key),
                     UUIDPGetDatum(&token),
-                    ObjectIdGetDatum(owner),
+                    PointerGetDatum(owner),
                     TimestampTzGetDatum(now),
                     nullable(outcome.response),
                     Int32GetDatum(outcome.response_code.value_or(0)),
@@ -343,19 +352,18 @@ std::optional<KeyRow> Session::complete(text* scope, text* key, const pg_uuid_t&
   return decode(0, caller_context_);
 }
 
-bool Session::release(text* scope, text* key, const pg_uuid_t& token, Oid owner, TimestampTz now) {
-  owner = owner_on_node(owner, scope, key);
+bool Session::release(text* scope, text* key, const pg_uuid_t& token, text* owner,
+                      TimestampTz now) {
   Datum values[] = {PointerGetDatum(scope), PointerGetDatum(key), UUIDPGetDatum(&token),
-                    ObjectIdGetDatum(owner), TimestampTzGetDatum(now)};
+                    PointerGetDatum(owner), TimestampTzGetDatum(now)};
   return execute(kRelease, values, nullptr, false, 0) == 1;
 }
 
-bool Session::checkpoint(text* scope, text* key, const pg_uuid_t& token, Oid owner,
+bool Session::checkpoint(text* scope, text* key, const pg_uuid_t& token, text* owner,
                          text* recovery_point, TimestampTz now, TimestampTz locked_until) {
-  owner = owner_on_node(owner, scope, key);
   Datum values[] = {
       PointerGetDatum(scope),           PointerGetDatum(key),     UUIDPGetDatum(&token),
-      ObjectIdGetDatum(owner),          TimestampTzGetDatum(now), nullable(recovery_point),
+      PointerGetDatum(owner),           TimestampTzGetDatum(now), nullable(recovery_point),
       TimestampTzGetDatum(locked_until)};
   char nulls[] = "       ";
   nulls[5] = null_flag(recovery_point);

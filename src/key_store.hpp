@@ -11,7 +11,8 @@
 namespace idem::key_store {
 
 // One SPI connection for the duration of an SQL call, on the installation's table (found and
-// checked by caller::of_function, never through search_path). Keys are (owner, scope, key).
+// checked by caller::of_function, never through search_path). Keys are (owner, scope, key),
+// the owner being the claiming role's name (so a key names its role wherever its row moves).
 class Session {
  public:
   // `acting` pins its search_path before the first statement this session runs.
@@ -30,17 +31,20 @@ class Session {
   // abort, which is the only way it is left unfinished.
   void finish();
 
-  // The first look at a key: the row the calling statement's snapshot sees, read by a direct
-  // primary key probe where that is possible (not under Citus), else by SPI. `*absent` is
-  // set when no version of the key is live for anyone, so that insert_unlocked() need not
-  // look again.
-  std::optional<KeyRow> peek(Oid owner, text* scope, text* key, bool* absent);
+  // A look at a key before deciding: the row this transaction sees, read by a direct primary
+  // key probe where key_heap::direct_path() allows it, else by SPI (with a new snapshot when
+  // `fresh_snapshot`, as a look after waiting needs). `*absent` is set when no version of the
+  // key is live for anyone, so that insert_unlocked() need not look again. Raises 40001 under
+  // REPEATABLE READ and SERIALIZABLE where a version committed after the snapshot would
+  // decide (key_heap::look).
+  std::optional<KeyRow> peek(text* owner, text* scope, text* key, bool* absent,
+                             bool fresh_snapshot);
   // Plain MVCC read: no row lock, no write. With fresh_snapshot false it reads with the
   // calling statement's snapshot (cheaper; right for a first look), else with a new one
   // (needed to see commits while waiting).
-  std::optional<KeyRow> find(Oid owner, text* scope, text* key, bool fresh_snapshot = true);
+  std::optional<KeyRow> find(text* owner, text* scope, text* key, bool fresh_snapshot = true);
   // Locks the newest version of the row, skipping it if another transaction has it locked.
-  std::optional<KeyRow> lock(Oid owner, text* scope, text* key);
+  std::optional<KeyRow> lock(text* owner, text* scope, text* key);
   // Inserts a fresh claim without any per-key lock, where the table can be written
   // directly (key_heap::insert): kInserted, kExists (a version to decide from), kBusy (a
   // claim of another open transaction). kNeedsLock: only the executor can write here, and
@@ -59,23 +63,16 @@ class Session {
   // Fenced completion; nullopt when `token` does not hold a live processing row of `owner`.
   // `where` is the address insert() reported if this transaction made the claim, else
   // kNowhere.
-  std::optional<KeyRow> complete(text* scope, text* key, const pg_uuid_t& token, Oid owner,
+  std::optional<KeyRow> complete(text* scope, text* key, const pg_uuid_t& token, text* owner,
                                  const Outcome& outcome, TimestampTz now, TimestampTz expires_at,
                                  const RowAddress& where);
   // Fenced release; false when `token` does not hold the key.
-  bool release(text* scope, text* key, const pg_uuid_t& token, Oid owner, TimestampTz now);
+  bool release(text* scope, text* key, const pg_uuid_t& token, text* owner, TimestampTz now);
   // Fenced checkpoint; false when `token` does not hold the key.
-  bool checkpoint(text* scope, text* key, const pg_uuid_t& token, Oid owner, text* recovery_point,
+  bool checkpoint(text* scope, text* key, const pg_uuid_t& token, text* owner, text* recovery_point,
                   TimestampTz now, TimestampTz locked_until);
 
  private:
-  // The OID that the node holding the key's row gives `owner` (that row's own owner column,
-  // read by the role's name). Under Citus a propagated role may have another OID on each
-  // node; a SELECT or an INSERT carries the owner parameter to the shard's node as the
-  // role's name, but an UPDATE carries it as the number (Citus evaluates the parameter
-  // with its cast to oid before it deparses the statement), so the fenced UPDATEs compare
-  // with this instead. Without Citus: `owner` itself, at no cost.
-  Oid owner_on_node(Oid owner, text* scope, text* key);
   // Opens the SPI connection (and prepares the plans) on first use: a replay answered by
   // peek() never connects.
   void connect();

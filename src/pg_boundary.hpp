@@ -62,25 +62,38 @@ void record_failure(int sqlstate, const char* message, const char* detail, const
 }  // namespace detail
 
 // Calls a PostgreSQL function that may ereport(ERROR) and turns that error into PgError.
-// The callable must own no C++ object with a destructor: a longjmp would skip it.
+// The callable must own no C++ object with a destructor: a longjmp would skip it. A C++
+// exception thrown inside it is caught there too and thrown again only once PG_TRY has been
+// left through PG_END_TRY (leaving PG_TRY by a throw would leave PostgreSQL's error stack
+// pointing at a dead frame, and the next ERROR would jump into it).
 template <typename Fn>
 auto pg_call(Fn&& fn) {
   using Result = decltype(fn());
-  if constexpr (std::is_void_v<Result>) {
-    auto thunk = [](void* context) { (*static_cast<std::remove_reference_t<Fn>*>(context))(); };
-    if (ErrorData* error = detail::run_catching_pg_errors(thunk, &fn)) throw PgError(error);
-  } else {
-    struct Call {
-      std::remove_reference_t<Fn>* fn;
-      Result result;
-    } call{&fn, Result{}};
-    auto thunk = [](void* context) {
-      auto* c = static_cast<Call*>(context);
-      c->result = (*c->fn)();
-    };
-    if (ErrorData* error = detail::run_catching_pg_errors(thunk, &call)) throw PgError(error);
-    return call.result;
-  }
+  struct Call {
+    std::remove_reference_t<Fn>* fn;
+    std::conditional_t<std::is_void_v<Result>, bool, Result> result;
+    std::exception_ptr failure;
+  } call{&fn, {}, nullptr};
+  auto thunk = [](void* context) {
+    auto* c = static_cast<Call*>(context);
+    try {
+      if constexpr (std::is_void_v<Result>)
+        (*c->fn)();
+      else
+        c->result = (*c->fn)();
+    } catch (...) {
+      c->failure = std::current_exception();
+    }
+  };
+  if (ErrorData* error = detail::run_catching_pg_errors(thunk, &call)) throw PgError(error);
+  if (call.failure) std::rethrow_exception(call.failure);
+  if constexpr (!std::is_void_v<Result>) return call.result;
+}
+
+// CHECK_FOR_INTERRUPTS() for C++ frames: a cancel or timeout arrives as a PgError, so the
+// frames between here and sql_entry() unwind normally. Costs one load when nothing is pending.
+inline void check_for_interrupts() {
+  if (INTERRUPTS_PENDING_CONDITION()) pg_call([] { ProcessInterrupts(); });
 }
 
 // Runs the C++ body of an SQL-callable function. Nothing thrown escapes; the error is

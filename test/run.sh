@@ -181,6 +181,35 @@ suite_isolation() {
     return
   fi
   run_regress_like isolation "$IDEM_PG_ISOLATION_REGRESS" "$input" "${tests[@]}"
+  # Then every spec, on every path, again at the two other isolation levels: each session's
+  # transactions default to the level (a step that names its level keeps it). A spec whose
+  # answers change with the level has test/isolation/expected/NAME.LEVEL.out (LEVEL with _
+  # for spaces), which is then the answer accepted at that level (with NAME.LEVEL_N.out
+  # where the schedule's timing decides between two correct answers at that level).
+  local level tag test name out variant
+  for level in "repeatable read" "serializable"; do
+    tag="${level// /_}"
+    input="$IDEM_SCRATCH/isolation-input-$tag"
+    if ! isolation_input "$input" "${tests[@]}"; then
+      record "isolation-$tag" 0 1 "(could not generate the specs)"
+      continue
+    fi
+    for test in "${tests[@]}"; do
+      name="${test%%.*}"
+      if [[ -e "$IDEM_SRC/test/isolation/expected/$name.$tag.out" ]]; then
+        as_pg rm -f "$input/expected/$test".out "$input/expected/$test"_[0-9]*.out
+        for out in "$IDEM_SRC/test/isolation/expected/$name.$tag".out \
+          "$IDEM_SRC/test/isolation/expected/$name.$tag"_[0-9]*.out; do
+          [[ -e $out ]] || continue
+          variant="$(basename "$out" .out)"
+          variant="${variant#"$name.$tag"}" # "" or _N: where timing decides between two answers
+          as_pg cp "$out" "$input/expected/$test$variant.out" || return 1
+        done
+      fi
+    done
+    PGOPTIONS="-c default_transaction_isolation=${level// /\\ }" \
+      run_regress_like "isolation-$tag" "$IDEM_PG_ISOLATION_REGRESS" "$input" "${tests[@]}"
+  done
 }
 
 # --- paths ---------------------------------------------------------------------------

@@ -2,4 +2,4 @@
 \set s random(1, :nkeys - :n)
 \set e :s + :n - 1
 SELECT key, response, response_code FROM floor_keys
- WHERE owner = current_user::regrole AND scope = '' AND key = ANY (ARRAY(SELECT 'c' || g FROM generate_series(:s::int, :e::int) g));
+ WHERE owner = current_user AND scope = '' AND key = ANY (ARRAY(SELECT 'c' || g FROM generate_series(:s::int, :e::int) g));

@@ -19,12 +19,12 @@ CREATE FUNCTION bench_fp() RETURNS bytea IMMUTABLE LANGUAGE sql
 INSERT INTO idempotency_keys (scope, key, owner, fingerprint, attempts, ttl, lease, created_at,
                               expires_at, lease_token, locked_until, status, response_code,
                               updated_at, response)
-SELECT '', 'c' || n, 'postgres'::regrole::oid, bench_fp(), 1, interval '24 hours', interval '5 minutes', now(),
+SELECT '', 'c' || n, 'postgres', bench_fp(), 1, interval '24 hours', interval '5 minutes', now(),
        now() + interval '24 hours', gen_uuid_v7(), now() + interval '5 minutes', 'completed'::key_status,
        200, now(), jsonb_build_object('status', 'ok', 'payment_id', n, 'amount', 100)
   FROM generate_series(1, :nkeys) n
 UNION ALL
-SELECT '', 'p' || n, 'postgres'::regrole::oid, bench_fp(), 1, interval '24 hours', interval '5 minutes', now(),
+SELECT '', 'p' || n, 'postgres', bench_fp(), 1, interval '24 hours', interval '5 minutes', now(),
        now() + interval '24 hours', gen_uuid_v7(), now() + interval '7 days', 'processing'::key_status,
        NULL, now(), NULL
   FROM generate_series(1, :nkeys) n;
@@ -45,7 +45,7 @@ BEGIN
   token := gen_random_uuid();
   INSERT INTO pl_keys (owner, scope, key, fingerprint, ttl, lease, created_at, expires_at,
                        lease_token, locked_until, updated_at)
-  VALUES (current_user::regrole, p_scope, p_key, p_fingerprint, p_ttl, p_lease, now(),
+  VALUES (current_user, p_scope, p_key, p_fingerprint, p_ttl, p_lease, now(),
           now() + p_ttl, token, now() + p_lease, now())
   ON CONFLICT (owner, scope, key) DO NOTHING;
   IF FOUND THEN
@@ -54,14 +54,14 @@ BEGIN
   END IF;
 
   SELECT * INTO r FROM pl_keys
-   WHERE owner = current_user::regrole AND scope = p_scope AND key = p_key FOR UPDATE;
+   WHERE owner = current_user AND scope = p_scope AND key = p_key FOR UPDATE;
   IF r.expires_at <= now() THEN
     UPDATE pl_keys SET fingerprint = p_fingerprint, attempts = 1, ttl = p_ttl, lease = p_lease,
                        created_at = now(), expires_at = now() + p_ttl, lease_token = token,
                        locked_until = now() + p_lease, recovery_point = NULL,
                        status = 'processing', response = NULL, response_code = NULL,
                        updated_at = now()
-     WHERE owner = current_user::regrole AND scope = p_scope AND key = p_key;
+     WHERE owner = current_user AND scope = p_scope AND key = p_key;
     status := 'claimed';
     RETURN;
   END IF;
@@ -85,7 +85,7 @@ BEGIN
   UPDATE pl_keys SET attempts = attempts + 1, lease_token = token, ttl = p_ttl, lease = p_lease,
                      locked_until = now() + p_lease, expires_at = now() + p_ttl,
                      updated_at = now()
-   WHERE owner = current_user::regrole AND scope = p_scope AND key = p_key;
+   WHERE owner = current_user AND scope = p_scope AND key = p_key;
   status := 'reclaimed';
 END
 $$;
@@ -98,7 +98,7 @@ BEGIN
   UPDATE pl_keys SET status = 'completed', response = p_response,
                      response_code = p_response_code, updated_at = now(),
                      expires_at = now() + ttl
-   WHERE owner = current_user::regrole AND scope = p_scope AND key = p_key AND lease_token = p_token
+   WHERE owner = current_user AND scope = p_scope AND key = p_key AND lease_token = p_token
      AND status = 'processing';
   IF NOT FOUND THEN
     RAISE EXCEPTION 'token does not hold key %', p_key USING ERRCODE = '55000';

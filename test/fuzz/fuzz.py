@@ -309,9 +309,11 @@ class Fuzz:
         if key is None or scope is None or utf8_len(key) > MAX_KEY or utf8_len(scope) > MAX_KEY:
             return None
         r = self.admin.execute(
-            "SELECT owner::oid, fingerprint, status::text, md5(response::text), response_code, recovery_point, lease_token,"
+            "SELECT (SELECT r.oid FROM pg_roles r WHERE r.rolname = owner), fingerprint, status::text,"
+            " md5(response::text), response_code, recovery_point, lease_token,"
             " locked_until, attempts, expires_at, clock_timestamp(), ttl, lease FROM idempotency_keys"
-            " WHERE owner = %s::oid AND scope = %s AND key = %s", (owner, scope, key)).fetchone()
+            " WHERE owner = (SELECT r.rolname::text FROM pg_roles r WHERE r.oid = %s::oid)"
+            " AND scope = %s AND key = %s", (owner, scope, key)).fetchone()
         if r is None:
             return None
         names = ("owner", "fingerprint", "status", "response", "response_code", "recovery_point",

@@ -68,7 +68,7 @@ SELECT complete_key('m-mismatch', (claim_key('m-mismatch', '\x01')).token, '{"r"
 SELECT claim_key('m-held', NULL, '', NULL, '1 hour');
 SELECT release_key('m-released', (claim_key('m-released')).token);
 INSERT INTO idempotency_keys (key, owner, ttl, lease, created_at, expires_at, updated_at, status, attempts)
-  VALUES ('m-expired', current_user::regrole, '1 hour', '5 min', now() - interval '2 hours',
+  VALUES ('m-expired', current_user, '1 hour', '5 min', now() - interval '2 hours',
           now() - interval '1 hour', now(), 'completed', 1);
 CREATE TEMP TABLE mixed AS
   SELECT * FROM claim_keys(ARRAY['m-new', 'm-replay', 'm-mismatch', 'm-held', 'm-released', 'm-expired'],

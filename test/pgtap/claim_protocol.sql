@@ -8,7 +8,7 @@
 \pset tuples_only on
 SET client_min_messages = warning;
 
-SELECT plan(175);
+SELECT plan(176);
 
 -------------------------------------------------------------------------------
 -- 1. A hostile search_path changes nothing (before any other call in this backend, so
@@ -49,11 +49,14 @@ SELECT is((SELECT count(*)::int FROM pg_depend d JOIN pg_extension e ON d.refobj
 SELECT ok(NOT has_schema_privilege('public', 'idempotency', 'USAGE'), 'PUBLIC has no USAGE on the schema');
 SELECT ok(has_schema_privilege('pg_monitor', 'idempotency', 'USAGE'), 'pg_monitor has USAGE on the schema');
 SELECT has_table('idempotency', 'idempotency_keys', 'idempotency.idempotency_keys exists');
-SELECT col_is_pk('idempotency', 'idempotency_keys', ARRAY['owner', 'key', 'scope'],
-                 'the primary key is (owner, key, scope): the identity (owner, scope, key), the key compared first');
+SELECT col_is_pk('idempotency', 'idempotency_keys', ARRAY['key', 'scope', 'owner'],
+                 'the primary key is (key, scope, owner): the identity (owner, scope, key), the key compared first');
 SELECT is((SELECT attname::text FROM pg_attribute WHERE attrelid = 'idempotency.idempotency_keys'::regclass AND attnum = 1),
           'owner', 'owner is the first column');
-SELECT col_type_is('idempotency', 'idempotency_keys', 'owner', 'regrole', 'owner is a regrole');
+SELECT col_type_is('idempotency', 'idempotency_keys', 'owner', 'text', 'owner is a text: the role''s name');
+SELECT is((SELECT collname FROM pg_attribute a JOIN pg_collation c ON c.oid = a.attcollation
+            WHERE attrelid = 'idempotency_keys'::regclass AND attname = 'owner'),
+          'C', 'owner is compared in the C collation');
 SELECT col_type_is('idempotency', 'idempotency_keys', 'lease', 'interval', 'lease is an interval');
 SELECT col_not_null('idempotency', 'idempotency_keys', 'lease', 'lease is NOT NULL');
 SELECT has_index('idempotency_keys', 'idempotency_keys_expires_at_idx', 'expires_at');
@@ -94,7 +97,7 @@ SELECT ok((SELECT uuid_v7_time(token) IS NOT NULL FROM t), 'claimed: the token i
 SELECT is((SELECT expires_at - created_at FROM t), '2 hours'::interval, 'claimed: expires after ttl');
 SELECT is((SELECT fingerprint FROM t), request_fingerprint('{"a": 1}'::jsonb), 'claimed: the fingerprint is returned');
 SELECT is((SELECT response FROM t), NULL, 'claimed: no response');
-SELECT is((SELECT owner::oid FROM idempotency_keys WHERE key = 'sm-1'), (SELECT oid FROM pg_roles WHERE rolname = current_user),
+SELECT is((SELECT owner FROM idempotency_keys WHERE key = 'sm-1'), current_user::text,
           'the row belongs to the calling role');
 SELECT is((SELECT locked_until - created_at FROM idempotency_keys WHERE key = 'sm-1'), '10 min'::interval, 'the lease is as asked');
 
@@ -239,7 +242,7 @@ SELECT throws_ok('SELECT idempotency_cleanup()', '42501', NULL, 'nor run the cle
 CREATE FUNCTION pg_temp.claim_as_a(k text) RETURNS idempotency.claim_result LANGUAGE sql SECURITY DEFINER
   AS $$SELECT * FROM idempotency.claim_key(k)$$;
 RESET ROLE;
-SELECT is((SELECT owner FROM idempotency_keys WHERE key = 'sec-1'), 'tap_app_a'::regrole,
+SELECT is((SELECT owner FROM idempotency_keys WHERE key = 'sec-1'), 'tap_app_a',
           'owner is the caller (current_user)');
 CREATE TEMP TABLE sec_1_before AS SELECT k::text AS row_text FROM idempotency_keys k WHERE key = 'sec-1';
 SET ROLE tap_app_b;
@@ -261,7 +264,7 @@ SELECT is((SELECT status FROM claim_key('sec-1', scope => 'tenant-b')), 'claimed
 SELECT is((SELECT status FROM pg_temp.claim_as_a('sec-2')), 'claimed',
           'tap_app_b claims through tap_app_a''s SECURITY DEFINER function');
 RESET ROLE;
-SELECT is((SELECT k::text FROM idempotency_keys k WHERE key = 'sec-1' AND owner = 'tap_app_a'::regrole),
+SELECT is((SELECT k::text FROM idempotency_keys k WHERE key = 'sec-1' AND owner = 'tap_app_a'),
           (SELECT row_text FROM sec_1_before), 'the first role''s key is unchanged');
 SELECT is((SELECT string_agg(owner::text, ',' ORDER BY owner::text) FROM idempotency_keys WHERE key = 'sec-1' AND scope = ''),
           'tap_app_a,tap_app_b', 'two keys sec-1 in scope '''', one per role');

@@ -44,7 +44,7 @@ SELECT is(idempotency_cleanup(), 0::bigint, 'nothing to delete: 0');
 -------------------------------------------------------------------------------
 CREATE FUNCTION add_random_keys(n int) RETURNS void LANGUAGE sql AS $$
   INSERT INTO idempotency_keys (key, owner, ttl, lease, created_at, expires_at, updated_at)
-  SELECT 'r-' || g || '-' || md5(random()::text), 10, '1 hour', '5 min', now() - interval '2 hours',
+  SELECT 'r-' || g || '-' || md5(random()::text), current_user, '1 hour', '5 min', now() - interval '2 hours',
          clock_timestamp() + (random() - 0.5) * interval '2 hours', now()
     FROM generate_series(1, n) g
 $$;
@@ -94,7 +94,7 @@ SELECT ok((SELECT shared_memory FROM idempotency_stats WHERE datname = current_d
 CREATE TEMP TABLE s0 AS SELECT * FROM idempotency_stats WHERE datname = current_database();
 SELECT add_random_keys(0);
 INSERT INTO idempotency_keys (key, owner, ttl, lease, created_at, expires_at, updated_at)
-  SELECT 's-' || g, 10, '1 hour', '5 min', now(), now() - interval '1 hour', now() FROM generate_series(1, 77) g;
+  SELECT 's-' || g, current_user, '1 hour', '5 min', now(), now() - interval '1 hour', now() FROM generate_series(1, 77) g;
 SELECT is(idempotency_cleanup(10), 77::bigint, '77 expired keys deleted in batches of 10');
 SELECT cmp_ok((SELECT s.expired_deleted - s0.expired_deleted FROM idempotency_stats s, s0
                 WHERE s.datname = current_database()), '>=', 77::bigint,
@@ -113,10 +113,10 @@ SELECT is((SELECT s.claimed - s0.claimed FROM idempotency_stats s, s0 WHERE s.da
 DELETE FROM idempotency_keys;
 CREATE ROLE tap_cleanup_gone;
 INSERT INTO idempotency_keys (key, owner, ttl, lease, created_at, expires_at, updated_at)
-  SELECT 'o-' || g, 'tap_cleanup_gone'::regrole, '1 hour', '5 min', now(), now() + interval '1 hour', now()
+  SELECT 'o-' || g, 'tap_cleanup_gone', '1 hour', '5 min', now(), now() + interval '1 hour', now()
     FROM generate_series(1, 23) g;
 INSERT INTO idempotency_keys (key, owner, ttl, lease, created_at, expires_at, updated_at)
-  SELECT 'l-' || g, 10, '1 hour', '5 min', now(), now() + interval '1 hour', now() FROM generate_series(1, 5) g;
+  SELECT 'l-' || g, current_user, '1 hour', '5 min', now(), now() + interval '1 hour', now() FROM generate_series(1, 5) g;
 SELECT is(idempotency_cleanup(4), 0::bigint, 'while the role exists its live keys stay');
 DROP ROLE tap_cleanup_gone;
 SELECT is(idempotency_cleanup(4), 23::bigint, 'once it is dropped, its 23 keys are deleted (batches of 4)');
@@ -131,7 +131,7 @@ DROP EXTENSION idempotency;
 CREATE EXTENSION idempotency;
 SELECT isnt((SELECT oid FROM old_table), 'idempotency.idempotency_keys'::regclass::oid, 'a new table');
 INSERT INTO idempotency.idempotency_keys (key, owner, ttl, lease, created_at, expires_at, updated_at)
-  SELECT 'n-' || g, 10, '1 hour', '5 min', now(), now() - interval '1 hour', now() FROM generate_series(1, 12) g;
+  SELECT 'n-' || g, current_user, '1 hour', '5 min', now(), now() - interval '1 hour', now() FROM generate_series(1, 12) g;
 SELECT is(idempotency.idempotency_cleanup(5), 12::bigint, 'cleanup after DROP and CREATE EXTENSION deletes from the new table');
 SELECT is((SELECT count(*) FROM idempotency.idempotency_keys), 0::bigint, 'which is empty afterwards');
 

@@ -1,8 +1,11 @@
-# ALTER EXTENSION idempotency UPDATE from 1.0 (the released base) to 1.1 (issue #15): an
+# ALTER EXTENSION idempotency UPDATE from 1.0 (the released base) through 1.1 to 1.2: an
 # upgraded install equals a fresh one, in the catalog (every object of the extension, its
 # definition, comment and grants; the table's columns and indexes; the configuration dump)
-# and in behaviour, and keeps every key (completed, processing, of several roles), whose
-# open claims can still be completed with their tokens.
+# and in behaviour, and keeps every key of an existing role (completed, processing,
+# released, of several roles), whose open claims can still be completed with their tokens.
+# 1.2 stores a key's owner as the role's name: the update converts the OIDs of 1.0 / 1.1 and
+# deletes the keys of roles dropped before it (they have no name to keep). The 1.2 library
+# refuses an older table until the update (55000), writing nothing.
 use strict;
 use warnings;
 use PostgreSQL::Test::Cluster;
@@ -16,6 +19,7 @@ $node->start;
 $node->safe_psql('postgres', q{
   CREATE ROLE app1 LOGIN;
   CREATE ROLE app2 LOGIN;
+  CREATE ROLE gone LOGIN;
   CREATE DATABASE fresh;
   CREATE DATABASE upgraded;
 });
@@ -25,22 +29,41 @@ is($node->safe_psql('upgraded', q{SELECT extversion FROM pg_extension WHERE extn
   'the old version is installed');
 is($node->safe_psql('upgraded', q{SELECT count(*) FROM pg_proc WHERE proname = 'claim_keys'}), '0',
   '1.0 has no batch functions');
-
-# Keys made with 1.0: completed, processing (two-phase: claimed, committed), released,
-# with fingerprints and scopes, of two roles.
 for my $db ('fresh', 'upgraded') {
   $node->safe_psql($db, 'GRANT USAGE ON SCHEMA idempotency TO app1, app2');
 }
+
+# Keys as 1.0 stored them (owner a regrole): completed with fingerprints in scope 's',
+# processing (two-phase: claimed, committed) and released in scope '', of two roles, and keys
+# of a role dropped since. Written by hand: this library no longer serves a 1.0 table.
+$node->safe_psql('upgraded', q{
+  INSERT INTO idempotency.idempotency_keys (owner, scope, key, fingerprint, attempts, ttl, lease, created_at,
+                                            expires_at, lease_token, locked_until, status, response_code,
+                                            updated_at, response)
+  SELECT r::regrole, 's', 'done-' || g, idempotency.request_fingerprint(g::text), 1, '24 hours', '5 min', now(),
+         now() + interval '24 hours', idempotency.gen_uuid_v7(), now() + interval '5 min', 'completed', 200, now(),
+         jsonb_build_object('n', g)
+    FROM generate_series(1, 200) g, unnest(ARRAY['app1', 'app2', 'gone']) r;
+  INSERT INTO idempotency.idempotency_keys (owner, scope, key, attempts, ttl, lease, created_at, expires_at,
+                                            lease_token, locked_until, status, updated_at)
+  SELECT r::regrole, '', 'held-' || g, 1, '24 hours', '5 min', now(), now() + interval '24 hours',
+         idempotency.gen_uuid_v7(), now() + interval '5 min', 'processing', now()
+    FROM generate_series(1, 50) g, unnest(ARRAY['app1', 'app2', 'gone']) r;
+  UPDATE idempotency.idempotency_keys SET lease_token = NULL, locked_until = NULL WHERE key LIKE 'held-1%';
+  DROP ROLE gone;
+});
+# The same keys on the fresh install, made by the functions.
 my $make_keys = q{
-  SET search_path = idempotency;
-  SELECT count(complete_key('done-' || g, (claim_key('done-' || g, request_fingerprint(g::text), 's')).token,
-                            jsonb_build_object('n', g), 200, 's'))
+  SELECT count(idempotency.complete_key('done-' || g,
+                 (idempotency.claim_key('done-' || g, idempotency.request_fingerprint(g::text), 's')).token,
+                 jsonb_build_object('n', g), 200, 's'))
     FROM generate_series(1, 200) g;
-  CREATE TEMP TABLE held AS SELECT 'held-' || g AS key, (claim_key('held-' || g)).token FROM generate_series(1, 50) g;
-  SELECT count(release_key(key, token)) FROM held WHERE key LIKE 'held-1%';
+  CREATE TEMP TABLE held AS
+    SELECT 'held-' || g AS key, (idempotency.claim_key('held-' || g)).token FROM generate_series(1, 50) g;
+  SELECT count(idempotency.release_key(key, token)) FROM held WHERE key LIKE 'held-1%';
 };
-$node->safe_psql('upgraded', $make_keys, extra_params => [ '-U', 'app1' ]);
-$node->safe_psql('upgraded', $make_keys, extra_params => [ '-U', 'app2' ]);
+$node->safe_psql('fresh', $make_keys, extra_params => [ '-U', 'app1' ]);
+$node->safe_psql('fresh', $make_keys, extra_params => [ '-U', 'app2' ]);
 # The tokens of open claims, to complete them after the upgrade.
 my $tokens = $node->safe_psql('upgraded', q{
   SELECT string_agg(key || '=' || lease_token, ',' ORDER BY key) FROM idempotency.idempotency_keys
@@ -49,29 +72,36 @@ my $rows_query = q{
   SELECT md5(string_agg(row(owner::text, scope, key, fingerprint, status, response, response_code, recovery_point,
                             lease_token, locked_until, attempts, ttl, lease, created_at, expires_at, updated_at)::text,
                         ',' ORDER BY owner::text, scope, key)) || ' ' || count(*)
-    FROM idempotency.idempotency_keys};
+    FROM idempotency.idempotency_keys k WHERE EXISTS (SELECT FROM pg_roles r WHERE r.rolname = k.owner::text)};
 my $rows_before = $node->safe_psql('upgraded', $rows_query);
+is($node->safe_psql('upgraded', 'SELECT count(*) FROM idempotency.idempotency_keys'), '750',
+  '750 keys before the update, 250 of them of the dropped role');
 
-# The library serves both orders of the primary key: 1.0's (owner, scope, key) and 1.1's
-# (owner, key, scope). Replays find their rows in the first probe on either, so they write
-# nothing (a probe that missed would insert, find the conflict, and take the tuple back).
+# Before the update the library refuses the old table and writes nothing.
+my ($rc, $out, $err) = $node->psql('upgraded', q{SELECT status FROM idempotency.claim_key('done-1', NULL, 's')},
+  extra_params => [ '-U', 'app1', '-v', 'VERBOSITY=verbose' ]);
+like($err, qr/55000.*made by idempotency 1\.1 or older/s, 'a 1.0 table: claim_key refuses with 55000');
+like($err, qr/ALTER EXTENSION idempotency UPDATE/, '... and says how to update');
+is($node->safe_psql('upgraded', $rows_query), $rows_before, '... and writes nothing');
+
+# The primary key of 1.2 compares the key first; replays find their rows in the first probe,
+# so they write nothing (a probe that missed would insert, find the conflict, and take the
+# tuple back).
 my $replays_wal = q{
-  SET search_path = idempotency;
   SELECT pg_current_wal_insert_lsn() AS before \gset
   SELECT count(*) FILTER (WHERE status = 'replay') || ' replays, ' ||
          pg_wal_lsn_diff(pg_current_wal_insert_lsn(), :'before') || ' WAL bytes'
-    FROM (SELECT (claim_key('done-' || g, request_fingerprint(g::text), 's')).status FROM generate_series(1, 200) g) c;
+    FROM (SELECT (idempotency.claim_key('done-' || g, idempotency.request_fingerprint(g::text), 's')).status
+            FROM generate_series(1, 200) g) c;
 };
 is($node->safe_psql('upgraded', q{SELECT pg_get_constraintdef(oid) FROM pg_constraint WHERE conname = 'idempotency_keys_pkey'}),
   'PRIMARY KEY (owner, scope, key)', "1.0's primary key order");
-is($node->safe_psql('upgraded', $replays_wal, extra_params => [ '-U', 'app1' ]), '200 replays, 0 WAL bytes',
-  "1.0's order: 200 replays, each found by the first probe, write nothing");
 
 $node->safe_psql('upgraded', 'ALTER EXTENSION idempotency UPDATE');
-is($node->safe_psql('upgraded', q{SELECT extversion FROM pg_extension WHERE extname = 'idempotency'}), '1.1',
-  'ALTER EXTENSION UPDATE goes to 1.1');
-is($node->safe_psql('fresh', q{SELECT extversion FROM pg_extension WHERE extname = 'idempotency'}), '1.1',
-  'a fresh install is 1.1');
+is($node->safe_psql('upgraded', q{SELECT extversion FROM pg_extension WHERE extname = 'idempotency'}), '1.2',
+  'ALTER EXTENSION UPDATE goes to 1.2');
+is($node->safe_psql('fresh', q{SELECT extversion FROM pg_extension WHERE extname = 'idempotency'}), '1.2',
+  'a fresh install is 1.2');
 
 # The catalog of the extension, one line per fact, without OIDs.
 my %catalog = (
@@ -120,29 +150,32 @@ for my $what (sort keys %catalog) {
   is($upgraded, $fresh, "$what: upgraded equals fresh");
 }
 
-is($node->safe_psql('upgraded', $rows_query), $rows_before, 'every key is kept, unchanged (rows and count)');
+is($node->safe_psql('upgraded', $rows_query), $rows_before,
+  'every key of an existing role is kept, unchanged but for its owner, now the role\'s name (rows and count)');
+is($node->safe_psql('upgraded', 'SELECT count(*) FROM idempotency.idempotency_keys'), '500',
+  'the keys of the role dropped before the update are gone');
+is($node->safe_psql('upgraded', q{SELECT string_agg(DISTINCT owner, ',' ORDER BY owner) FROM idempotency.idempotency_keys}),
+  'app1,app2', 'owners are role names');
 is($node->safe_psql('upgraded', q{SELECT pg_get_constraintdef(oid) FROM pg_constraint WHERE conname = 'idempotency_keys_pkey'}),
-  'PRIMARY KEY (owner, key, scope)', "1.1's primary key order after the upgrade");
+  'PRIMARY KEY (key, scope, owner)', "1.2's primary key order after the upgrade");
 is($node->safe_psql('upgraded', $replays_wal, extra_params => [ '-U', 'app1' ]), '200 replays, 0 WAL bytes',
-  "1.1's order: 200 replays, each found by the first probe, write nothing");
-like($rows_before, qr/ 500$/, 'of 500 keys made with 1.0');
+  "1.2's order: 200 replays, each found by the first probe, write nothing");
+like($rows_before, qr/ 500$/, 'of 500 keys of existing roles made as 1.0 stored them');
 
 # Behaviour after the upgrade: the old keys answer as before, the new functions work on
 # them, and the open claims of 1.0 can be completed with their tokens.
 my $behaviour = q{
-  SET search_path = idempotency;
   SELECT string_agg(key || ':' || status, ',' ORDER BY ordinality)
-    FROM claim_keys(ARRAY['done-1', 'done-2', 'held-2', 'held-10', 'new-1', 'new-1'],
-                    ARRAY[request_fingerprint('1'), request_fingerprint('x'), NULL, NULL, NULL, NULL], 's');
+    FROM idempotency.claim_keys(ARRAY['done-1', 'done-2', 'held-2', 'held-10', 'new-1', 'new-1'],
+                                ARRAY[idempotency.request_fingerprint('1'), idempotency.request_fingerprint('x'),
+                                      NULL, NULL, NULL, NULL], 's');
 };
 my $old_keys = q{
-  SET search_path = idempotency;
   SELECT string_agg(key || ':' || status, ',' ORDER BY ordinality)
-    FROM claim_keys(ARRAY['held-2', 'held-10', 'held-11', 'new-2']);
+    FROM idempotency.claim_keys(ARRAY['held-2', 'held-10', 'held-11', 'new-2']);
 };
 my %answer;
 for my $db ('fresh', 'upgraded') {
-  $node->safe_psql($db, $make_keys, extra_params => [ '-U', 'app1' ]) if $db eq 'fresh';
   $answer{$db} = $node->safe_psql($db, $behaviour, extra_params => [ '-U', 'app1' ])
     . ' ' . $node->safe_psql($db, $old_keys, extra_params => [ '-U', 'app1' ]);
 }
@@ -151,14 +184,14 @@ for my $db ('fresh', 'upgraded') {
 # scope '': held-2 is still held (live lease), held-1x were released (reclaimed).
 is($answer{upgraded}, 'done-1:replay,done-2:mismatch,held-2:claimed,held-10:claimed,new-1:claimed,new-1:in_progress'
   . ' held-2:in_progress,held-10:reclaimed,held-11:reclaimed,new-2:claimed',
-  'claim_keys on keys made with 1.0: replay, mismatch, in_progress, reclaimed, claimed');
+  'claim_keys on keys made as 1.0 stored them: replay, mismatch, in_progress, reclaimed, claimed');
 is($answer{upgraded}, $answer{fresh}, 'the same answers on a fresh install with the same keys');
 my ($key, $token) = split /=/, (split /,/, $tokens)[0];
 is($node->safe_psql('upgraded', qq{
     SELECT string_agg(key || ':' || status || ':' || response::text, ',')
       FROM idempotency.complete_keys(ARRAY['$key'], ARRAY['$token'::uuid], ARRAY['{"after": "upgrade"}'::jsonb])},
     extra_params => [ '-U', 'app1' ]),
-  qq{$key:replay:{"after": "upgrade"}}, 'a claim made with 1.0 is completed after the upgrade with its token');
+  qq{$key:replay:{"after": "upgrade"}}, 'a claim stored by 1.0 is completed after the upgrade with its token');
 
 $node->stop;
 done_testing();
