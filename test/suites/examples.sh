@@ -105,32 +105,26 @@ keys_of_app() { # NAME: every key in app belongs to the role app, and there are 
 }
 echo "# examples/README.md: $ENV_LINE (password authentication over TCP)"
 
-echo "# examples/README.md: Python"
-documented python "consumer.py --setup" "$OUT/doc-py.log"
-check "README python command exits 0" test $? -eq 0
-shows_output "README python command prints what examples/README.md shows" "consumer.py --setup" "$OUT/doc-py.log"
-keys_of_app "README python"
-check "README python: its tables are accounts and ledger" \
-  test "$(q -d app -c "SELECT string_agg(tablename, ',' ORDER BY tablename) FROM pg_tables WHERE schemaname = 'public'")" = "accounts,ledger"
-
-echo "# examples/README.md: Python, batches"
-documented batch "batch_consumer.py --setup" "$OUT/doc-batch.log"
-check "README batch command exits 0" test $? -eq 0
-shows_output "README batch command prints what examples/README.md shows" "batch_consumer.py --setup" "$OUT/doc-batch.log"
-keys_of_app "README batch"
-check "README batch: its tables are batch_accounts and batch_ledger" \
-  test "$(q -d app -c "SELECT string_agg(tablename, ',' ORDER BY tablename) FROM pg_tables WHERE schemaname = 'public'")" = "batch_accounts,batch_ledger"
+# as_printed NAME TEXT TABLES: the sh block holding TEXT runs as printed on a fresh database
+# app, exits 0 and prints its output block; every key is app's; the tables it made are TABLES.
+as_printed() {
+  local log="$OUT/doc-$1.log"
+  echo "# examples/README.md: $1"
+  documented "$1" "$2" "$log"
+  check "README $1 command exits 0" test $? -eq 0
+  shows_output "README $1 command prints what examples/README.md shows" "$2" "$log"
+  keys_of_app "README $1"
+  check "README $1: its tables are $3" \
+    test "$(q -d app -c "SELECT string_agg(tablename, ',' ORDER BY tablename) FROM pg_tables WHERE schemaname = 'public'")" = "$3"
+}
+as_printed python "consumer.py --setup" "accounts,ledger"
+as_printed batch "batch_consumer.py --setup" "batch_accounts,batch_ledger"
+as_printed go "go run inbox.go" "go_accounts"
 echo "# the two consumers in one database, as a user runs them: each applies every message once"
 in_page_env "python3 examples/python/consumer.py --setup examples/python/messages.jsonl" >"$OUT/both.log" 2>&1 &&
   in_page_env "python3 examples/python/batch_consumer.py --setup examples/python/messages.jsonl" >>"$OUT/both.log" 2>&1
 check "consumer.py then batch_consumer.py in one database: both exit 0, nothing applied twice" \
   has "$OUT/both.log" '^\[batch-consumer\] messages applied more than once: 0$'
-
-echo "# examples/README.md: Go"
-documented go "go run inbox.go" "$OUT/doc-go.log"
-check "README go command exits 0" test $? -eq 0
-shows_output "README go command prints what examples/README.md shows" "go run inbox.go" "$OUT/doc-go.log"
-keys_of_app "README go"
 
 echo "# examples/README.md: psql, twice (it must be re-runnable)"
 fresh_app
