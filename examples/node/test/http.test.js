@@ -1,7 +1,7 @@
 // Sends real HTTP requests to server.js (started here as a child process, with --setup) and
 // checks the Idempotency-Key semantics end to end. Needs the PG* environment of a database
-// (the server's role), SETUP_DATABASE_URL when that role may not create the extension and
-// the tables (a superuser's connection), and HTTP_PORT (default 3000) free.
+// (the server's role), SETUP_DATABASE_URL when that role may not create the tables (another
+// role's connection, which grants them), and HTTP_PORT (default 3000) free.
 //   node --test test/http.test.js
 'use strict';
 
