@@ -264,6 +264,7 @@ const char* kind_of(const JsonbValue& value) {
 
 // Walks the headers: a JSON object whose values are strings or arrays of strings. Allocates
 // (the iterators) in the current memory context; call it through pg_call.
+// pg-frame: runs inside pg_call only (owns no C++ object).
 HeadersCheck check_headers(Jsonb* headers) {
   HeadersCheck check;
   if (!JB_ROOT_IS_OBJECT(headers)) {
