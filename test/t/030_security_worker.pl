@@ -193,7 +193,7 @@ cmp_ok(stat_of('app', 'expired_deleted'), '>', $deleted_before, 'and deleted key
 
 ok($node->poll_query_until('app', q{
     SELECT count(*) = 0 FROM idempotency.idempotency_keys
-     WHERE expires_at <= now() OR NOT EXISTS (SELECT FROM pg_roles r WHERE r.oid = owner)}),
+     WHERE expires_at <= now() OR NOT EXISTS (SELECT FROM pg_roles r WHERE r.rolname = owner)}),
   'the whole backlog of expired keys and the dropped role\'s keys is deleted');
 is($node->safe_psql('app', q{SELECT count(*) FROM idempotency.idempotency_keys WHERE key LIKE 'live-%'}),
   '100', 'live keys are kept');
