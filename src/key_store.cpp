@@ -258,11 +258,11 @@ std::optional<KeyRow> Session::peek(text* owner, text* scope, text* key, bool* a
   *absent = false;
   if (!key_heap::direct_path() || !ActiveSnapshotSet()) {
     std::optional<KeyRow> row = find(owner, scope, key, fresh_snapshot);
-    // A snapshot transaction reading through the executor: as the direct look raises 40001
-    // where a version committed after the snapshot would decide, so does this one, by
-    // reading the key again as of now (with the statement's own command id, so that this
-    // transaction's own writes look the same to both reads).
-    if (IsolationUsesXactSnapshot() && ActiveSnapshotSet() &&
+    // A snapshot transaction that waited, reading through the executor: it would never see
+    // the holder's end, so where a version committed after its snapshot exists it gets 40001
+    // (as the direct look raises it) instead of sleeping out its wait; the key is read again
+    // as of now, with the statement's command id. A first look answers as a SELECT would.
+    if (fresh_snapshot && IsolationUsesXactSnapshot() && ActiveSnapshotSet() &&
         !same_version(row, find_as_of_now(owner, scope, key)))
       pg_call([&] { raise_committed_after_snapshot(key); });
     return row;
