@@ -257,7 +257,10 @@ std::optional<KeyRow> Session::peek(text* owner, text* scope, text* key, bool* a
                                     bool fresh_snapshot) {
   *absent = false;
   if (!key_heap::direct_path() || !ActiveSnapshotSet()) {
-    std::optional<KeyRow> row = find(owner, scope, key, fresh_snapshot);
+    // At READ COMMITTED every look takes a new snapshot, as the direct look decides an
+    // undecided version with one.
+    std::optional<KeyRow> row =
+        find(owner, scope, key, fresh_snapshot || !IsolationUsesXactSnapshot());
     // A snapshot transaction that waited, reading through the executor: it would never see
     // the holder's end, so where a version committed after its snapshot exists it gets 40001
     // (as the direct look raises it) instead of sleeping out its wait; the key is read again
