@@ -5,6 +5,7 @@
 #include <algorithm>
 
 #include "caller.hpp"
+#include "installation_check.hpp"
 #include "cleanup_shared.hpp"
 #include "gucs.hpp"
 #include "key_store.hpp"
@@ -271,6 +272,14 @@ enum class Step { kDone, kNotInstalled, kPaused };
 // installation's owner, and commits it. The installation is looked up and checked in every
 // transaction (caller.hpp). When the request obeys the pause, a batch made while the pause
 // was set is rolled back instead of committed.
+[[noreturn]] void reject_other_installation() {
+  throw Error(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE,
+              "idempotency_cleanup() sees another installation of the extension than its caller",
+              "The deletions run in a transaction of their own, which sees only what is "
+              "committed: the calling transaction dropped or created the extension.",
+              "Call idempotency_cleanup() after that transaction has committed.");
+}
+
 template <typename Body>
 Step in_transaction(const Request& request, const char* activity, Body&& body) {
   pg_call([&] {
@@ -280,6 +289,19 @@ Step in_transaction(const Request& request, const char* activity, Body&& body) {
     PushActiveSnapshot(GetTransactionSnapshot());
     pgstat_report_activity(STATE_RUNNING, activity);
   });
+  // The calling transaction may have dropped and created the extension: the committed
+  // installation's table, found by name without a lock (a full check would wait on the
+  // calling transaction's lock of the dropped table), tells.
+  if (OidIsValid(request.table)) {
+    const Oid committed = pg_call([] {
+      Oid extension = InvalidOid;
+      Oid schema = InvalidOid;
+      return installation_check::find_extension(&extension, &schema)
+                 ? get_relname_relid("idempotency_keys", schema)
+                 : InvalidOid;
+    });
+    if (OidIsValid(committed) && committed != request.table) reject_other_installation();
+  }
   std::optional<caller::Installation> installation = caller::of_database();
   Step step = Step::kDone;
   if (!installation)
@@ -287,11 +309,7 @@ Step in_transaction(const Request& request, const char* activity, Body&& body) {
   else if (request.obey_pause && paused_here())
     step = Step::kPaused;
   if (installation && OidIsValid(request.table) && installation->table != request.table)
-    throw Error(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE,
-                "idempotency_cleanup() sees another installation of the extension than its caller",
-                "The deletions run in a transaction of their own, which sees only what is "
-                "committed: the calling transaction dropped or created the extension.",
-                "Call idempotency_cleanup() after that transaction has committed.");
+    reject_other_installation();
   if (step == Step::kDone) {
     caller::ActingAsOwner acting(*installation);
     pg_call([] {

@@ -889,7 +889,7 @@ SELECT is(sectest.value_as('sec_bob', $$SELECT string_agg(status::text, ',' ORDE
             FROM idempotency.claim_keys(ARRAY['batch-1', 'batch-2'], NULL, 'batch')$$), 'claimed,claimed',
           'batch: bob''s batch of the same keys claims his own keys (no in_progress, nothing of alice''s)');
 SELECT is(sectest.state_as('sec_bob', format($$SELECT * FROM idempotency.complete_keys(ARRAY['batch-1'], ARRAY[%L]::uuid[], ARRAY['{}']::jsonb[], NULL, 'batch')$$,
-            (SELECT lease_token FROM idempotency.idempotency_keys k JOIN pg_roles r ON r.oid = k.owner
+            (SELECT lease_token FROM idempotency.idempotency_keys k JOIN pg_roles r ON r.rolname = k.owner
               WHERE r.rolname = 'sec_alice' AND key = 'batch-1'))),
           '55000', 'batch: bob completing with alice''s token meets only his own key (fenced, 55000)');
 SELECT is(sectest.state_as('sec_bob', $$SELECT * FROM idempotency.claim_keys(ARRAY['batch-3'], NULL, 'batch', NULL, '200000 years')$$),
