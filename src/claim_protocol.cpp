@@ -805,6 +805,7 @@ auto as_owner(FunctionCallInfo fcinfo, Work&& work) {
   caller::ActingAsOwner acting(installation,
                                caller::ActingAsOwner::SearchPath::kBeforeFirstStatement);
   Session store(installation.table, acting);
+  store.use_own_tokens([](const pg_uuid_t& token) { return own_claim(token) != nullptr; });
   auto result = work(static_cast<Session&>(store), installation);
   store.finish();
   return result;

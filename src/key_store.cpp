@@ -261,13 +261,16 @@ std::optional<KeyRow> Session::peek(text* owner, text* scope, text* key, bool* a
     // undecided version with one.
     std::optional<KeyRow> row =
         find(owner, scope, key, fresh_snapshot || !IsolationUsesXactSnapshot());
-    // A snapshot transaction that waited, reading through the executor: it would never see
-    // the holder's end, so where a version committed after its snapshot exists it gets 40001
-    // (as the direct look raises it) instead of sleeping out its wait; the key is read again
-    // as of now, with the statement's command id. A first look answers as a SELECT would.
-    if (fresh_snapshot && IsolationUsesXactSnapshot() && ActiveSnapshotSet() &&
-        !same_version(row, find_as_of_now(owner, scope, key)))
-      pg_call([&] { raise_committed_after_snapshot(key); });
+    // A snapshot transaction reading through the executor: as the direct look raises 40001
+    // where a version committed after the snapshot would decide, so does this one, by reading
+    // the key again as of now. A newer version that holds one of this transaction's own
+    // tokens is its own write (an earlier claim of the same statement), no conflict.
+    if (IsolationUsesXactSnapshot() && ActiveSnapshotSet()) {
+      const std::optional<KeyRow> now = find_as_of_now(owner, scope, key);
+      const bool own =
+          now && now->lease_token && own_token_ != nullptr && own_token_(*now->lease_token);
+      if (!own && !same_version(row, now)) pg_call([&] { raise_committed_after_snapshot(key); });
+    }
     return row;
   }
   std::optional<KeyRow> row;
