@@ -335,7 +335,7 @@ SELECT is(sc.outcome_as('sc_app', $$CREATE FUNCTION sc_own.f() RETURNS int LANGU
 SELECT is(sc.outcome_as('sc_app', $$ALTER FUNCTION sc_own.f() SET SCHEMA idempotency$$),
           '42501 | only superusers may create or change objects in schema "idempotency" of extension idempotency',
           'CREATE for sc_app: ALTER FUNCTION ... SET SCHEMA idempotency is refused too');
-SELECT is(sc.outcome_as(who, $$SELECT status FROM idempotency.complete_key('s-1', '018f0000-0000-7000-8000-000000000000', '{}')$$),
+SELECT is(sc.outcome_as(who, $$SELECT idempotency.complete_key('s-1', '018f0000-0000-7000-8000-000000000000', '{}')::text$$),
           '42501 | role "sc_app", which is not a superuser, may create objects in schema "idempotency" of extension idempotency',
           format('CREATE for sc_app: complete_key with untyped literals by %s reaches the extension, which refuses', who))
   FROM unnest(ARRAY['sc_alice', 'postgres']) AS who;
