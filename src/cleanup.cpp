@@ -281,7 +281,7 @@ enum class Step { kDone, kNotInstalled, kPaused };
 }
 
 template <typename Body>
-Step in_transaction(const Request& request, const char* activity, Body&& body) {
+Step in_transaction(const Request& request, Progress& progress, const char* activity, Body&& body) {
   pg_call([&] {
     SetCurrentStatementStartTimestamp();
     StartTransactionCommand();
@@ -316,6 +316,9 @@ Step in_transaction(const Request& request, const char* activity, Body&& body) {
       if (SPI_connect() != SPI_OK_CONNECT) elog(ERROR, "SPI_connect failed");
     });
     body(*installation);
+    // Measured before SPI_finish frees the batch's memory: what a batch needs at most.
+    progress.peak_memory =
+        std::max(progress.peak_memory, MemoryContextMemAllocated(TopMemoryContext, true));
     pg_call([] { SPI_finish(); });
     // Paused while the batch ran: its snapshot may see rows committed after the pause.
     if (request.obey_pause && paused_here()) step = Step::kPaused;
@@ -381,8 +384,9 @@ bool delete_orphans(const Request& request, Oid table, TimestampTz started, Prog
     const TimestampTz batch_start = GetCurrentTimestamp();
     bool complete = false;
     uint64 deleted = 0;
+    progress.orphan_pass = true;
     const Step step = in_transaction(
-        request, "idempotency cleanup: deleting keys of dropped roles",
+        request, progress, "idempotency cleanup: deleting keys of dropped roles",
         [&](const caller::Installation&) {
           const std::vector<Oid> relations = key_relations(table);
           // The relation the pass has reached, or the next one: a shard may have moved away.
@@ -441,8 +445,9 @@ bool delete_orphans(const Request& request, Oid table, TimestampTz started, Prog
 void run(const Request& request, Progress& progress) {
   const TimestampTz started = GetCurrentTimestamp();
   Oid table = InvalidOid;
-  const Step look = in_transaction(request, "idempotency cleanup: looking for the extension",
-                                   [&](const caller::Installation& found) { table = found.table; });
+  const Step look =
+      in_transaction(request, progress, "idempotency cleanup: looking for the extension",
+                     [&](const caller::Installation& found) { table = found.table; });
   if (look == Step::kPaused) progress.paused = true;
   if (look != Step::kDone) {
     if (look == Step::kNotInstalled && OidIsValid(request.table))
@@ -463,7 +468,7 @@ void run(const Request& request, Progress& progress) {
     const TimestampTz batch_start = GetCurrentTimestamp();
     Batch done;
     const Step step =
-        in_transaction(request, "idempotency cleanup: deleting a batch of expired keys",
+        in_transaction(request, progress, "idempotency cleanup: deleting a batch of expired keys",
                        [&](const caller::Installation& installation) {
                          done = delete_expired(installation.table, request.now, batch.last_expiry,
                                                request.batch_size);

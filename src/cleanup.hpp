@@ -43,6 +43,8 @@ struct Progress {
   bool unfinished = false;  // stopped early (time, stop request): keys may be left
   uint64 deleted = 0;
   TimestampTz resume_from = DT_NOBEGIN;  // where an unfinished run's successor starts
+  bool orphan_pass = false;              // batches of the pass over keys of dropped roles ran
+  Size peak_memory = 0;                  // the most memory the process had allocated during a batch
 };
 
 // Runs `request` in the current database. Needs a background worker connected to it with no

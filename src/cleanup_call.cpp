@@ -165,6 +165,7 @@ void call_main(dsm_handle handle) {
   request.requester = call->requester;
   cleanup::Progress progress;
   std::string failure;
+  const TimestampTz started = GetCurrentTimestamp();
   try {
     cleanup::run(request, progress);
   } catch (PgError& e) {
@@ -183,6 +184,12 @@ void call_main(dsm_handle handle) {
   if ((progress.installed || !failure.empty()) && !worker_session::stop_requested())
     stats::record_cleanup(MyDatabaseId, progress.deleted,
                           failure.empty() ? nullptr : failure.c_str());
+  ereport(DEBUG1, (errmsg_internal("idempotency_cleanup() of backend %d: %ld ms, " UINT64_FORMAT
+                                   " keys deleted, orphan pass %s, peak memory %zu bytes",
+                                   static_cast<int>(call->requester),
+                                   static_cast<long>((GetCurrentTimestamp() - started) / 1000),
+                                   progress.deleted, progress.orphan_pass ? "yes" : "no",
+                                   progress.peak_memory)));
   call->deleted = progress.deleted;
   pg_write_barrier();
   call->finished = true;

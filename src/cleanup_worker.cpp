@@ -445,6 +445,7 @@ void log_failure(PgError& e) {
 cleanup_shared::Outcome run_round() noexcept {
   using cleanup_shared::Outcome;
   if (RecoveryInProgress()) return Outcome::kDone;
+  const TimestampTz started = GetCurrentTimestamp();
   cleanup::Request request;
   request.batch_size = gucs::cleanup_batch_size;
   // Keys that expire during the round are left to the next one: the round ends.
@@ -481,6 +482,13 @@ cleanup_shared::Outcome run_round() noexcept {
     stats::record_cleanup(MyDatabaseId, progress.deleted,
                           failure.empty() ? nullptr : failure.c_str(),
                           progress.unfinished ? progress.resume_from : DT_NOBEGIN);
+  if (progress.installed)
+    ereport(DEBUG1,
+            (errmsg_internal(
+                "idempotency cleanup of database %u: round of %ld ms, " UINT64_FORMAT
+                " keys deleted, orphan pass %s, peak memory %zu bytes",
+                MyDatabaseId, static_cast<long>((GetCurrentTimestamp() - started) / 1000),
+                progress.deleted, progress.orphan_pass ? "yes" : "no", progress.peak_memory)));
   if (!failure.empty()) return Outcome::kFailed;
   if (!progress.installed) return progress.paused ? Outcome::kPaused : Outcome::kNotInstalled;
   if (progress.paused) return Outcome::kPaused;

@@ -1,0 +1,114 @@
+# A large idempotency_cleanup() answers interrupts within milliseconds (issues #20/#21): a
+# cancel, a statement_timeout and a termination of the caller all end the call, and its
+# worker stops deleting right after. Figures: the time from pg_cancel_backend() to the
+# caller's state change (both read on the server, so no client round trip is in it), and the
+# time until the worker has gone.
+use strict;
+use warnings;
+use PostgreSQL::Test::Cluster;
+use PostgreSQL::Test::Utils;
+use Test::More;
+use Time::HiRes qw(time);
+
+my $node = PostgreSQL::Test::Cluster->new('cleanup_cancel');
+$node->init;
+$node->append_conf('postgresql.conf', q{
+shared_preload_libraries = 'idempotency'
+});
+$node->start;
+$node->safe_psql('postgres', 'CREATE DATABASE app');
+# The background worker stays out: the calls below are the only deleters.
+$node->safe_psql('app', q{
+  CREATE EXTENSION idempotency;
+  ALTER DATABASE app SET idempotency.cleanup_worker = off});
+
+sub fill {
+  my ($n) = @_;
+  $node->safe_psql('app', qq{
+    INSERT INTO idempotency.idempotency_keys (key, owner, ttl, lease, created_at, expires_at, updated_at)
+    SELECT 'old' || g || '-' || md5(random()::text), current_user, '1 hour', '5 min',
+           now() - interval '2 hours', now() - interval '1 hour' + g * interval '1 us', now()
+      FROM generate_series(1, $n) g});
+}
+
+sub left { return $node->safe_psql('app', 'SELECT count(*) FROM idempotency.idempotency_keys'); }
+
+# Starts a call with batches of 1000 in a background session; returns the session and its
+# backend's pid once the call's worker has deleted some keys.
+sub start_call {
+  my ($before, $settings) = @_;
+  my $session = $node->background_psql('app', on_error_stop => 0);
+  my $pid = $session->query_safe('SELECT pg_backend_pid()');
+  $pid =~ s/\s+//g;
+  $session->query_until(qr/started/, "$settings\n\\echo started\nSELECT idempotency.idempotency_cleanup(1000);\n");
+  $node->poll_query_until('app', qq{SELECT count(*) < $before FROM idempotency.idempotency_keys})
+    or diag('the call deleted nothing');
+  return ($session, $pid);
+}
+
+sub worker_gone {
+  return $node->poll_query_until('postgres', q{
+    SELECT count(*) = 0 FROM pg_stat_activity WHERE backend_type = 'idempotency cleanup call'});
+}
+
+fill(1000000);
+my $total = left();
+is($total, '1000000', 'a million expired keys');
+
+# --- pg_cancel_backend() --------------------------------------------------------------------
+my ($session, $pid) = start_call($total, '');
+is($node->safe_psql('postgres', q{
+    SELECT count(*) FROM pg_stat_activity
+     WHERE backend_type = 'idempotency cleanup call' AND query LIKE '%batch of expired keys%'}),
+  '1', 'the call runs in its worker, batch by batch');
+my $cancel_at = $node->safe_psql('app', "SELECT clock_timestamp() FROM pg_cancel_backend($pid)");
+my $cancelled = time();
+ok($node->poll_query_until('app', qq{SELECT state <> 'active' FROM pg_stat_activity WHERE pid = $pid}),
+  'the call ends');
+my $latency_ms = $node->safe_psql('app', qq{
+  SELECT round(extract(epoch FROM state_change - '$cancel_at'::timestamptz) * 1000, 1)
+    FROM pg_stat_activity WHERE pid = $pid});
+ok(worker_gone(), 'its worker goes');
+my $gone_s = time() - $cancelled;
+my $after = left();
+diag(sprintf('cancel: the caller answered %s ms after pg_cancel_backend(); the worker was gone '
+      . 'within %.3f s (polled); %d keys deleted before', $latency_ms, $gone_s, $total - $after));
+cmp_ok($latency_ms, '<', 1000, "the caller answers within a second ($latency_ms ms)");
+like($session->query('SELECT 1'), qr/^1/, 'the session goes on');
+like($session->{stderr}, qr/canceling statement due to user request/, 'with the cancel reported');
+cmp_ok($after, '>', 0, 'keys are left');
+cmp_ok($after, '<', $total, 'and the batches done before the cancel stay deleted');
+# The worker is gone: nothing deletes now (two looks, a moment apart).
+$node->safe_psql('app', 'SELECT pg_sleep(0.2)');
+is(left(), $after, 'no deletion after the cancel');
+$session->quit;
+
+# --- statement_timeout ----------------------------------------------------------------------
+$total = $after;
+($session, $pid) = start_call($total, "SET statement_timeout = '500ms';");
+ok($node->poll_query_until('app', qq{SELECT state <> 'active' FROM pg_stat_activity WHERE pid = $pid}),
+  'a call under statement_timeout ends');
+my $took = $node->safe_psql('app', qq{
+  SELECT round(extract(epoch FROM state_change - query_start) * 1000) FROM pg_stat_activity WHERE pid = $pid});
+diag("statement_timeout = 500ms: the call took $took ms");
+cmp_ok($took, '<', 1500, "after about its timeout ($took ms)");
+$session->query('SELECT 1');
+like($session->{stderr}, qr/canceling statement due to statement timeout/, 'with 57014 reported');
+ok(worker_gone(), 'its worker goes too');
+$session->quit;
+
+# --- the caller terminated ----------------------------------------------------------------
+$total = left();
+($session, $pid) = start_call($total, '');
+$node->safe_psql('app', "SELECT pg_terminate_backend($pid)");
+ok(worker_gone(), 'when the caller is terminated, its worker goes');
+$after = left();
+$node->safe_psql('app', 'SELECT pg_sleep(0.2)');
+is(left(), $after, 'and deletes nothing more');
+cmp_ok($after, '>', 0, 'keys are left for the next cleanup');
+$session->quit;
+ok(!$node->log_contains(qr/idempotency.*(FATAL|PANIC)|(FATAL|PANIC).*idempotency/),
+  'no worker logged a FATAL');
+
+$node->stop;
+done_testing();
