@@ -20,22 +20,21 @@ CREATE FUNCTION rows_of(k text) RETURNS int LANGUAGE sql AS
 -- A claim of k by `call` (claim_key or claim_keys, default ttl and lease) with `setting` at
 -- `value` for its transaction: how long the key lives and its lease, or how it failed.
 CREATE FUNCTION claim_with(setting text, value text, call text, k text) RETURNS text LANGUAGE plpgsql AS $$
-DECLARE state text; message text; before text := current_setting(setting);
+DECLARE state text; message text; result text; old text := current_setting(setting);
 BEGIN
-  -- For this call only: the rows of one SELECT share a transaction, where a local setting
-  -- would outlive the call.
   PERFORM set_config(setting, value, true);
   BEGIN
     EXECUTE CASE call WHEN 'claim_key' THEN 'SELECT idempotency.claim_key($1)'
                       ELSE 'SELECT * FROM idempotency.claim_keys(ARRAY[$1])' END USING k;
+    result := (SELECT format('expires %s, lease %s', expires_at - created_at, locked_until - created_at)
+                 FROM idempotency.idempotency_keys WHERE key = k);
   EXCEPTION WHEN OTHERS THEN
     GET STACKED DIAGNOSTICS state = RETURNED_SQLSTATE, message = MESSAGE_TEXT;
-    PERFORM set_config(setting, before, true);
-    RETURN format('ERROR %s %s', state, message);
+    result := format('ERROR %s %s', state, message);
   END;
-  PERFORM set_config(setting, before, true);
-  RETURN (SELECT format('expires %s, lease %s', expires_at - created_at, locked_until - created_at)
-            FROM idempotency.idempotency_keys WHERE key = k);
+  -- Back as it was: the next case of the same statement starts from the defaults.
+  PERFORM set_config(setting, old, true);
+  RETURN result;
 END $$;
 
 -------------------------------------------------------------------------------
