@@ -20,9 +20,14 @@ OBJS        = src/pg_boundary.o \
               src/key_heap.o \
               src/key_store.o \
               src/claim_protocol.o \
+              src/cleanup_shared.o \
+              src/worker_session.o \
               src/cleanup.o \
+              src/cleanup_call.o \
               src/cleanup_worker.o \
-              src/citus_guard.o
+              src/citus_guard.o \
+              src/installation_check.o \
+              src/schema_guard.o
 # The released base script, the update scripts, and the script of the default version,
 # made from them (so a fresh install runs the same statements as an upgraded one; TAP
 # 041_upgrade compares the two installs).
@@ -84,8 +89,10 @@ bench:
 format:
 	clang-format -i src/*.cpp src/*.hpp
 
-# Fails on any formatting difference or clang-tidy finding (.clang-format, .clang-tidy).
+# Fails on any formatting difference, boundary violation (test/lint/boundary.py) or clang-tidy
+# finding (.clang-format, .clang-tidy).
 lint:
 	clang-format --dry-run -Werror src/*.cpp src/*.hpp
+	python3 test/lint/boundary.py
 	clang-tidy --quiet src/*.cpp -- -x c++ -std=c++17 -D_GNU_SOURCE \
 	  -isystem $(shell $(PG_CONFIG) --includedir-server) -isystem $(shell $(PG_CONFIG) --includedir)/internal

@@ -1,33 +1,56 @@
-// Deleting expired keys: the batch statement shared by idempotency_cleanup() and the
-// background worker (cleanup_worker.cpp).
+// Deleting keys: what a round of the cleanup worker and a call of idempotency_cleanup() run,
+// always in a background worker process (cleanup_worker.cpp, cleanup_call.cpp), never in a
+// session's transaction.
 //
-// Both run as the extension owner (caller::ActingAsOwner). One batch is one statement: it locks up
-// to batch_size rows with expires_at <= now in index order, skipping rows another transaction has
-// locked (a claim renewing the key, the holder finishing), deletes exactly those, and reports how
-// many it deleted and the largest expires_at among them. The next batch starts from that
-// expires_at, so a run over a million expired keys reads each index entry about once instead of
-// rescanning the dead entries that earlier batches left at the start of the index. Rows skipped
-// because they were locked are left for the next run: a claim that holds such a row is renewing it.
+// Every batch is its own transaction, committed before the next starts, working as the
+// extension owner (caller::ActingAsOwner), bounded by a deadline (worker_session.hpp). Two
+// kinds of batch:
+//   - keys whose owner names no role (a dropped or renamed role's), walked along the heap in
+//     ranges of blocks (a TID range scan): a pass over a big table reads each page once, with
+//     one join against pg_authid per range. A pass runs only when the role generation
+//     (cleanup_shared.hpp) moved since this database's last complete pass, so a round with no
+//     role dropped costs nothing for them however many roles own keys; without shared memory
+//     every run makes the pass. A pass that a round's time ends goes on in the next round.
+//   - expired keys: up to batch_size rows with from <= expires_at <= now, in index order,
+//     locked FOR UPDATE SKIP LOCKED (a claim holding a row is never blocked, and never loses
+//     its row) and deleted; the next batch starts from the largest expires_at deleted, so a run
+//     over a million expired keys reads each index entry about once instead of rescanning the
+//     dead entries that earlier batches left at the start of the index.
+// Rows skipped because they were locked are left for the next run: a claim that holds such a
+// row is renewing it.
 #pragma once
 
 #include "pg.hpp"
 
 namespace idem::cleanup {
 
-struct Batch {
-  uint64 deleted = 0;
-  bool full = false;                     // a relation gave batch_size rows: more may be left
-  TimestampTz last_expiry = DT_NOBEGIN;  // largest expires_at deleted; the next lower bound
+// What to run.
+struct Request {
+  int batch_size = 0;
+  TimestampTz now = 0;         // keys with expires_at <= now are expired
+  int64 time_budget_us = 0;    // stop after about this long (a worker's round); 0: none
+  bool pause_between = false;  // pause after each full batch (idempotency.cleanup_delay)
+  bool obey_pause = false;     // stop where idempotency.cleanup_worker is off (the worker)
+  bool resume = false;         // go on where the last unfinished round stopped
+  Oid table = InvalidOid;      // the key table the requester saw; InvalidOid: whichever
+  pid_t requester = 0;         // stop when this backend is gone; 0: nobody waits
 };
 
-// Deletes one batch from `table` (rows with from <= expires_at <= now). Needs an open SPI
-// connection; the statement is prepared once per backend and table. "now" comes from the
-// caller (computed in C++: no volatile function in the DML).
-Batch delete_batch(Oid table, TimestampTz now, TimestampTz from, int batch_size);
+// What was done; filled in as it goes, so that a failure still tells.
+struct Progress {
+  bool installed = false;   // the extension is installed (false: nothing was done)
+  bool paused = false;      // idempotency.cleanup_worker is off for this database
+  bool unfinished = false;  // stopped early (time, stop request): keys may be left
+  uint64 deleted = 0;
+  TimestampTz resume_from = DT_NOBEGIN;  // where an unfinished run's successor starts
+};
 
-// Deletes up to `batch_size` keys whose owner names no existing role (a dropped or renamed
-// role's keys are never left for a role created later under that name). Needs an open SPI
-// connection.
-Batch delete_orphans(Oid table, int batch_size);
+// Runs `request` in the current database. Needs a background worker connected to it with no
+// transaction open. Throws on failure; the caller then aborts the failed batch's transaction
+// (abort_failed_batch()).
+void run(const Request& request, Progress& progress);
+
+// After run() threw: leaves the failed transaction, its SPI connection and its snapshot.
+void abort_failed_batch() noexcept;
 
 }  // namespace idem::cleanup

@@ -4,29 +4,37 @@
 //   - the launcher, registered at server start by shared_preload_libraries. It connects to
 //     no database (so it never stands in the way of DROP DATABASE), reads pg_database every
 //     idempotency.cleanup_interval and starts one short-lived worker per database it serves;
-//   - the database worker, started dynamically with the database OID as its argument. It
-//     connects, looks for the extension in pg_extension (and exits at once if it is not
-//     installed), deletes expired keys batch by batch, each batch its own transaction and
-//     snapshot, records the round in idempotency_stats and exits. A connected process
-//     lives only for one round, so DROP DATABASE waits at most for one batch.
-// The launcher keeps the handle of each worker it started and never starts a second one
-// for a database whose worker still runs. An error in a round is logged and recorded in
-// the statistics; the worker then exits normally and the next round tries again, so a
-// persistent error never turns into a crash-restart loop.
+//   - the database worker, started dynamically for one database. It connects, looks for the
+//     extension, deletes keys of dropped roles (when a role may have gone) and expired keys
+//     batch by batch, each batch its own transaction (cleanup.hpp), records the round in
+//     idempotency_stats and exits. A connected process lives only for one round, so DROP
+//     DATABASE waits at most for one batch.
+// The registry in shared memory (cleanup_shared.hpp) names the database of every worker
+// starting or running: the launcher never starts a second one for a database, also after it
+// was started again itself. A database found without the extension costs nothing more: the
+// launcher looks again only after a CREATE EXTENSION idempotency somewhere, or after a slow
+// back-off. An error in a round is logged and recorded in the statistics; the worker exits
+// normally and the next round tries again, so a persistent error never turns into a
+// crash-restart loop. A full max_worker_processes pool is a WARNING (once a minute) and
+// counted in idempotency_stats.worker_start_failures.
 //
-// Everything here runs in background processes whose ERROR/FATAL paths end the process
-// (the postmaster's bgworker frame catches them): the code keeps no C++ object with a
-// destructor in frames that PostgreSQL may longjmp over, except in the round itself,
-// where every PostgreSQL call goes through pg_call().
+// Signals: SIGTERM stops either process quietly (exit 0: a shutdown logs nothing above LOG,
+// and a launcher stopped by pg_terminate_backend() stays stopped until the next server
+// start); SIGINT (pg_cancel_backend) makes the launcher start again after
+// kLauncherRestartSeconds (exit 1), its database workers keeping on; SIGHUP reloads.
+//
+// The launcher and the database worker's set-up keep no C++ object with a destructor in
+// frames that PostgreSQL may longjmp over: their ERROR/FATAL paths end the process. The round
+// itself catches everything; every PostgreSQL call in it goes through pg_call().
 #include "cleanup_worker.hpp"
-
-#include <sys/resource.h>
 
 #include "caller.hpp"
 #include "cleanup.hpp"
+#include "cleanup_shared.hpp"
 #include "gucs.hpp"
 #include "pg_boundary.hpp"
 #include "stats.hpp"
+#include "worker_session.hpp"
 
 extern "C" {
 PGDLLEXPORT void idempotency_cleanup_launcher_main(Datum argument);
@@ -39,37 +47,72 @@ namespace {
 constexpr const char* kLibrary = "idempotency";
 constexpr const char* kLauncherType = "idempotency cleanup launcher";
 constexpr const char* kWorkerType = "idempotency cleanup";
-// Database workers that run at the same time: a few, so that many databases are served
-// quickly without taking every max_worker_processes slot.
-constexpr int kMaxRunning = 4;
 // After a failed registration (no free worker slot), try again this much later.
 constexpr long kRetryMs = 1000;
+// At most one WARNING about a full worker pool per this many milliseconds.
+constexpr int64 kWarningIntervalMs = 60 * 1000;
 // Seconds before the postmaster starts the launcher again when it exits with an error.
-constexpr int kLauncherRestartSeconds = 5;
+constexpr int kLauncherRestartSeconds = 1;
 // A database worker stops after this much work and the launcher starts the next round at
 // once: a connection never lasts much longer than this, so DROP DATABASE (which waits up to
 // 5 s for other connections to go) always gets through, even during a long cleanup.
 constexpr int64 kRoundMicroseconds = 1000 * 1000;
-// The database worker's nice value (see database_main).
-constexpr int kWorkerNice = 10;
+// A registration that a previous launcher made and whose worker has not started after this
+// long never will (the postmaster could not fork it): the entry is freed.
+constexpr int64 kStartTimeoutMicroseconds = 10 * 1000 * 1000;
+// A database found without the extension is looked at again after this back-off (doubled
+// each time, up to kMaxBackoff), or at once after a CREATE EXTENSION idempotency.
+constexpr int64 kFirstBackoffMicroseconds = int64{5} * 60 * 1000 * 1000;
+constexpr int64 kMaxBackoffMicroseconds = int64{60} * 60 * 1000 * 1000;
+
+// What a database worker is started with, in bgw_extra (bgw_main_arg: the registry entry).
+struct Registration {
+  Oid database;
+  uint64 ticket;
+};
+static_assert(sizeof(Registration) <= BGW_EXTRALEN, "bgw_extra too small");
 
 // ---------------------------------------------------------------------------------------
 // The launcher
 // ---------------------------------------------------------------------------------------
 
-struct Running {
+volatile sig_atomic_t stop_requested = false;
+volatile sig_atomic_t restart_requested = false;
+
+void launcher_sigterm(SIGNAL_ARGS) {
+  const int saved_errno = errno;
+  stop_requested = true;
+  SetLatch(MyLatch);
+  errno = saved_errno;
+}
+
+void launcher_sigint(SIGNAL_ARGS) {
+  const int saved_errno = errno;
+  restart_requested = true;
+  SetLatch(MyLatch);
+  errno = saved_errno;
+}
+
+// A database the launcher found without the extension.
+struct Absent {
   Oid database;
-  BackgroundWorkerHandle* handle;
+  TimestampTz next_look;
+  int64 backoff_us;
 };
 
 struct LauncherState {
-  MemoryContext context;  // handles and the pending list live here, across transactions
-  Running running[kMaxRunning];
-  int running_count;
+  MemoryContext context;  // what follows lives here, across transactions
+  BackgroundWorkerHandle* handles[cleanup_shared::kMaxWorkers];  // of the entries we reserved
   Oid* pending;  // databases of the current round not started yet
   int pending_capacity;
   int pending_count;
   int pending_next;
+  Absent* absent;
+  int absent_count;
+  int absent_capacity;
+  uint64 extension_generation;  // at the last look at the absent databases
+  TimestampTz last_warning;     // of a full worker pool
+  int failures_since_warning;
 };
 
 // Is `name` in idempotency.databases (empty: every database)? Names are compared exactly.
@@ -91,99 +134,203 @@ bool served_by_setting(const char* name) {
   return false;
 }
 
-bool is_running(const LauncherState& state, Oid database) {
-  for (int i = 0; i < state.running_count; ++i)
-    if (state.running[i].database == database) return true;
+// Grows `array` (of `capacity` elements of `size` bytes) in the launcher's context.
+// pg-frame: the launcher, a bgworker main; it owns no C++ object (its state is plain data).
+void* grown(LauncherState& state, void* array, int* capacity, size_t size) {
+  const int wanted = *capacity == 0 ? 16 : *capacity * 2;
+  MemoryContext old = MemoryContextSwitchTo(state.context);
+  void* result = array == nullptr ? palloc(wanted * size) : repalloc(array, wanted * size);
+  MemoryContextSwitchTo(old);
+  *capacity = wanted;
+  return result;
+}
+
+Absent* find_absent(LauncherState& state, Oid database) {
+  for (int i = 0; i < state.absent_count; ++i)
+    if (state.absent[i].database == database) return &state.absent[i];
+  return nullptr;
+}
+
+void forget_absent(LauncherState& state, Oid database) {
+  for (int i = 0; i < state.absent_count; ++i) {
+    if (state.absent[i].database != database) continue;
+    state.absent[i] = state.absent[--state.absent_count];
+    return;
+  }
+}
+
+// The worker found no extension: look again after the back-off (doubled from the last).
+void remember_absent(LauncherState& state, Oid database) {
+  Absent* entry = find_absent(state, database);
+  if (entry == nullptr) {
+    if (state.absent_count == state.absent_capacity)
+      state.absent =
+          static_cast<Absent*>(grown(state, state.absent, &state.absent_capacity, sizeof(Absent)));
+    entry = &state.absent[state.absent_count++];
+    *entry = {database, 0, kFirstBackoffMicroseconds / 2};
+  }
+  entry->backoff_us = std::min(entry->backoff_us * 2, kMaxBackoffMicroseconds);
+  entry->next_look = GetCurrentTimestamp() + entry->backoff_us;
+}
+
+// Adds a database to the pending list (once).
+void push_pending(LauncherState& state, Oid database) {
+  for (int i = state.pending_next; i < state.pending_count; ++i)
+    if (state.pending[i] == database) return;
+  if (state.pending_count == state.pending_capacity)
+    state.pending =
+        static_cast<Oid*>(grown(state, state.pending, &state.pending_capacity, sizeof(Oid)));
+  state.pending[state.pending_count++] = database;
+}
+
+// A database that a failed DROP DATABASE left half dropped (datconnlimit -2, since 15.4 and
+// its back-patches). Guarded on the symbol that came with it, not on the minor version: 15.0
+// to 15.3 build too, and have no such state.
+bool half_dropped(Form_pg_database database) {
+#ifdef DATCONNLIMIT_INVALID_DB
+  return database_is_invalid_form(database);
+#else
+  (void)database;
   return false;
+#endif
 }
 
 // Reads pg_database (a shared catalog: no database connection needed) in a transaction
 // that ends before this returns: the launcher holds no snapshot between rounds. Fills the
-// pending list with the databases to serve, and frees the statistics of dropped ones.
+// pending list with the databases to serve, and forgets what it knew of dropped ones.
+// pg-frame: the launcher, a bgworker main; it owns no C++ object (its state is plain data).
 void plan_round(LauncherState& state) {
   SetCurrentStatementStartTimestamp();
   StartTransactionCommand();
   (void)GetTransactionSnapshot();
   pgstat_report_activity(STATE_RUNNING, "reading pg_database");
 
-  MemoryContext old = MemoryContextSwitchTo(state.context);
-  if (state.pending != nullptr) pfree(state.pending);
-  int capacity = 16;
-  int existing_count = 0;
-  state.pending = static_cast<Oid*>(palloc(capacity * sizeof(Oid)));
-  state.pending_capacity = capacity;
-  Oid* existing = static_cast<Oid*>(palloc(capacity * sizeof(Oid)));
+  // A CREATE EXTENSION idempotency committed somewhere: every absent database gets a look.
+  const uint64 generation = cleanup_shared::extension_generation();
+  if (generation != state.extension_generation) {
+    state.extension_generation = generation;
+    state.absent_count = 0;
+  }
+  const TimestampTz now = GetCurrentTimestamp();
   state.pending_count = 0;
   state.pending_next = 0;
+  int existing_count = 0;
+  int existing_capacity = 0;
+  Oid* existing = nullptr;
 
   Relation relation = table_open(DatabaseRelationId, AccessShareLock);
   TableScanDesc scan = table_beginscan_catalog(relation, 0, nullptr);
   HeapTuple tuple;
   while ((tuple = heap_getnext(scan, ForwardScanDirection)) != nullptr) {
     auto* database = reinterpret_cast<Form_pg_database>(GETSTRUCT(tuple));
-    if (existing_count == capacity) {
-      capacity *= 2;
-      existing = static_cast<Oid*>(repalloc(existing, capacity * sizeof(Oid)));
-      state.pending = static_cast<Oid*>(repalloc(state.pending, capacity * sizeof(Oid)));
-      state.pending_capacity = capacity;
-    }
+    if (existing_count == existing_capacity)
+      existing = static_cast<Oid*>(grown(state, existing, &existing_capacity, sizeof(Oid)));
     existing[existing_count++] = database->oid;
     // Templates are skipped: a connection to template1 would make CREATE DATABASE fail.
     // So are databases that take no connections or are half dropped.
-    if (database->datistemplate || !database->datallowconn || database_is_invalid_form(database))
-      continue;
+    if (database->datistemplate || !database->datallowconn || half_dropped(database)) continue;
     if (!served_by_setting(NameStr(database->datname))) continue;
-    if (is_running(state, database->oid)) continue;  // at most one worker per database
-    state.pending[state.pending_count++] = database->oid;
+    // At most one worker per database, whoever started it.
+    if (cleanup_shared::serving(database->oid)) continue;
+    const Absent* absent = find_absent(state, database->oid);
+    if (absent != nullptr && now < absent->next_look) continue;
+    push_pending(state, database->oid);
   }
   table_endscan(scan);
   table_close(relation, AccessShareLock);
-  MemoryContextSwitchTo(old);
 
   CommitTransactionCommand();
   stats::forget_dropped_databases(existing, existing_count);
-  pfree(existing);
+  // Absent databases that were dropped are forgotten too.
+  for (int i = 0; i < state.absent_count;) {
+    bool exists = false;
+    for (int j = 0; j < existing_count && !exists; ++j)
+      exists = existing[j] == state.absent[i].database;
+    if (exists)
+      ++i;
+    else
+      state.absent[i] = state.absent[--state.absent_count];
+  }
+  if (existing != nullptr) pfree(existing);
   pgstat_report_activity(STATE_IDLE, nullptr);
 }
 
-// Adds a database to the pending list (grown as needed, in the launcher's context).
-void push_pending(LauncherState& state, Oid database) {
-  for (int i = state.pending_next; i < state.pending_count; ++i)
-    if (state.pending[i] == database) return;
-  if (state.pending == nullptr || state.pending_count == state.pending_capacity) {
-    int capacity = state.pending_capacity == 0 ? 16 : state.pending_capacity * 2;
-    MemoryContext old = MemoryContextSwitchTo(state.context);
-    state.pending = state.pending == nullptr
-                        ? static_cast<Oid*>(palloc(capacity * sizeof(Oid)))
-                        : static_cast<Oid*>(repalloc(state.pending, capacity * sizeof(Oid)));
-    MemoryContextSwitchTo(old);
-    state.pending_capacity = capacity;
+// Frees the registry entries of workers that have exited (or never started) and acts on how
+// their rounds ended. True while an entry of a previous launcher is still starting: the
+// launcher is not told when that one ends and looks again soon.
+// pg-frame: the launcher, a bgworker main; it owns no C++ object (its state is plain data).
+bool reap(LauncherState& state) {
+  bool waiting_for_unknown = false;
+  const TimestampTz now = GetCurrentTimestamp();
+  for (int i = 0; i < cleanup_shared::kMaxWorkers; ++i) {
+    const cleanup_shared::Entry entry = cleanup_shared::entry(i);
+    if (entry.database == InvalidOid) continue;
+    BackgroundWorkerHandle* handle = state.handles[i];
+    bool gone = entry.exited;
+    if (!gone && handle != nullptr) {
+      pid_t pid;
+      // Stopped without having exited through the registry: it never ran (or ran someone
+      // else's registration).
+      gone = GetBackgroundWorkerPid(handle, &pid) == BGWH_STOPPED && entry.pid == 0;
+    }
+    if (!gone && handle == nullptr && entry.pid == 0) {
+      gone = now - entry.reserved_at > kStartTimeoutMicroseconds;
+      waiting_for_unknown = waiting_for_unknown || !gone;
+    }
+    if (!gone) continue;
+    if (handle != nullptr) pfree(handle);
+    state.handles[i] = nullptr;
+    cleanup_shared::release(i);
+    switch (entry.outcome) {
+      case cleanup_shared::Outcome::kNotInstalled:
+        remember_absent(state, entry.database);
+        break;
+      case cleanup_shared::Outcome::kUnfinished:
+        // Expired keys are left: the next round at once.
+        forget_absent(state, entry.database);
+        push_pending(state, entry.database);
+        break;
+      default:
+        forget_absent(state, entry.database);
+        break;
+    }
   }
-  state.pending[state.pending_count++] = database;
+  return waiting_for_unknown;
 }
 
-// Forgets workers that have exited; a database whose round stopped with expired keys left
-// gets its next round at once.
-void reap(LauncherState& state) {
-  int kept = 0;
-  for (int i = 0; i < state.running_count; ++i) {
-    pid_t pid;
-    if (GetBackgroundWorkerPid(state.running[i].handle, &pid) == BGWH_STOPPED) {
-      pfree(state.running[i].handle);
-      if (stats::take_unfinished(state.running[i].database))
-        push_pending(state, state.running[i].database);
+// The pool is full: counted for the database, and a WARNING at most once a minute.
+// pg-frame: the launcher, a bgworker main; it owns no C++ object (its state is plain data).
+void start_failed(LauncherState& state, Oid database) {
+  stats::count_start_failure(database);
+  ++state.failures_since_warning;
+  const TimestampTz now = GetCurrentTimestamp();
+  if (state.last_warning != 0 && now - state.last_warning < kWarningIntervalMs * 1000) return;
+  ereport(
+      WARNING,
+      (errcode(ERRCODE_CONFIGURATION_LIMIT_EXCEEDED),
+       errmsg("idempotency cleanup: no free background worker slot to clean database %u", database),
+       errdetail("%d start(s) failed since the last warning; max_worker_processes is %d.",
+                 state.failures_since_warning, max_worker_processes),
+       errhint("Raise max_worker_processes: the cleanup uses up to %d at a time. Failures "
+               "are counted in idempotency_stats.worker_start_failures.",
+               cleanup_shared::kMaxWorkers)));
+  state.last_warning = now;
+  state.failures_since_warning = 0;
+}
+
+// Starts workers for pending databases while registry entries allow; false when a
+// registration failed (every max_worker_processes slot is taken) and should be retried soon.
+// pg-frame: the launcher, a bgworker main; it owns no C++ object (its state is plain data).
+bool start_pending(LauncherState& state) {
+  while (state.pending_next < state.pending_count) {
+    const Oid database = state.pending[state.pending_next];
+    if (cleanup_shared::serving(database)) {
+      state.pending_next++;
       continue;
     }
-    state.running[kept++] = state.running[i];
-  }
-  state.running_count = kept;
-}
-
-// Starts workers for pending databases while slots allow; false when a registration
-// failed (every max_worker_processes slot is taken) and should be retried soon.
-bool start_pending(LauncherState& state) {
-  while (state.running_count < kMaxRunning && state.pending_next < state.pending_count) {
-    Oid database = state.pending[state.pending_next];
+    Registration registration{database, 0};
+    const int index = cleanup_shared::reserve(database, &registration.ticket);
+    if (index < 0) return true;  // kMaxWorkers run: the next one starts when one ends
     BackgroundWorker worker;
     memset(&worker, 0, sizeof worker);
     worker.bgw_flags = BGWORKER_SHMEM_ACCESS | BGWORKER_BACKEND_DATABASE_CONNECTION;
@@ -193,62 +340,79 @@ bool start_pending(LauncherState& state) {
     strlcpy(worker.bgw_function_name, "idempotency_cleanup_database_main", BGW_MAXLEN);
     snprintf(worker.bgw_name, BGW_MAXLEN, "idempotency cleanup of database %u", database);
     strlcpy(worker.bgw_type, kWorkerType, BGW_MAXLEN);
-    worker.bgw_main_arg = ObjectIdGetDatum(database);
+    worker.bgw_main_arg = Int32GetDatum(index);
+    memcpy(worker.bgw_extra, &registration, sizeof registration);
     worker.bgw_notify_pid = MyProcPid;  // our latch is set when it starts and stops
 
     BackgroundWorkerHandle* handle = nullptr;
     MemoryContext old = MemoryContextSwitchTo(state.context);
-    bool registered = RegisterDynamicBackgroundWorker(&worker, &handle);
+    const bool registered = RegisterDynamicBackgroundWorker(&worker, &handle);
     MemoryContextSwitchTo(old);
     if (!registered) {
-      ereport(DEBUG1, (errmsg("idempotency cleanup: no free background worker slot, "
-                              "retrying in %ld ms",
-                              kRetryMs)));
+      cleanup_shared::release(index);
+      start_failed(state, database);
       return false;
     }
-    state.running[state.running_count++] = {database, handle};
+    state.handles[index] = handle;
     state.pending_next++;
   }
   return true;
 }
 
+// The launcher's loop: a round of workers every interval, until SIGTERM.
+// pg-frame: the launcher, a bgworker main; it owns no C++ object (its state is plain data).
 void launcher_main() {
   pqsignal(SIGHUP, SignalHandlerForConfigReload);
-  pqsignal(SIGTERM, die);
+  pqsignal(SIGTERM, launcher_sigterm);
+  pqsignal(SIGINT, launcher_sigint);
   BackgroundWorkerUnblockSignals();
   // No database: only shared catalogs (pg_database) are read.
   BackgroundWorkerInitializeConnection(nullptr, nullptr, 0);
   pgstat_report_appname(kLauncherType);
+  cleanup_shared::become_launcher();
   ereport(LOG, (errmsg("idempotency cleanup launcher started")));
 
   LauncherState state;
   memset(&state, 0, sizeof state);
   state.context =
       AllocSetContextCreate(TopMemoryContext, "idempotency launcher", ALLOCSET_DEFAULT_SIZES);
+  state.extension_generation = cleanup_shared::extension_generation();
   TimestampTz last_round = 0;
 
   for (;;) {
-    CHECK_FOR_INTERRUPTS();  // SIGTERM (die) ends the process here
+    if (stop_requested) {
+      ereport(LOG, (errmsg("idempotency cleanup launcher stopping")));
+      proc_exit(0);
+    }
+    if (restart_requested) {
+      ereport(LOG, (errmsg("idempotency cleanup launcher restarting on request"),
+                    errdetail("It starts again in %d seconds; its workers keep running.",
+                              kLauncherRestartSeconds)));
+      proc_exit(1);
+    }
+    CHECK_FOR_INTERRUPTS();
     if (ConfigReloadPending) {
       ConfigReloadPending = false;
       ProcessConfigFile(PGC_SIGHUP);
     }
-    reap(state);
+    const bool waiting_for_unknown = reap(state);
 
     // Read every time: a reload changes the interval of the round already waited for.
     const int64 interval_us = int64{gucs::cleanup_interval_ms} * 1000;
     TimestampTz now = GetCurrentTimestamp();
     // A hot standby has nothing to delete (it replays the primary's deletions); the
     // launcher starts only once recovery has finished, and this keeps it idle if ever not.
-    if (!RecoveryInProgress() && (last_round == 0 || now - last_round >= interval_us)) {
+    // With idempotency.cleanup_worker = off for the whole server, no round either.
+    if (!RecoveryInProgress() && gucs::cleanup_worker &&
+        (last_round == 0 || now - last_round >= interval_us)) {
       last_round = now;
       plan_round(state);
     }
-    bool all_started = start_pending(state);
+    const bool all_started = start_pending(state);
 
     int64 wait_us = last_round + interval_us - GetCurrentTimestamp();
     if (last_round == 0) wait_us = interval_us;
-    if (!all_started) wait_us = std::min<int64>(wait_us, kRetryMs * 1000);
+    if (!all_started || waiting_for_unknown) wait_us = std::min<int64>(wait_us, kRetryMs * 1000);
     long wait_ms = static_cast<long>(std::max<int64>(wait_us / 1000, 1));
     (void)WaitLatch(MyLatch, WL_LATCH_SET | WL_TIMEOUT | WL_EXIT_ON_PM_DEATH, wait_ms,
                     PG_WAIT_EXTENSION);
@@ -260,120 +424,45 @@ void launcher_main() {
 // The database worker
 // ---------------------------------------------------------------------------------------
 
-// Runs `body(table)` in its own transaction with an SPI connection and a fresh snapshot, all
-// released before returning (worker_spi's pattern). The installation is looked up and
-// checked in every transaction (caller.hpp), and the body runs as its owner under
-// SECURITY_RESTRICTED_OPERATION: the worker itself is the bootstrap superuser, and no
-// statement of a round may run as that. False when the extension is not installed.
-template <typename Body>
-bool as_owner_in_transaction(const char* activity, Body&& body) {
-  pg_call([&] {
-    SetCurrentStatementStartTimestamp();
-    StartTransactionCommand();
-    PushActiveSnapshot(GetTransactionSnapshot());
-    pgstat_report_activity(STATE_RUNNING, activity);
-  });
-  std::optional<caller::Installation> installation = caller::of_database();
-  if (installation) {
-    caller::ActingAsOwner acting(*installation);
-    pg_call([] {
-      if (SPI_connect() != SPI_OK_CONNECT) elog(ERROR, "SPI_connect failed");
-    });
-    body(installation->table);
-    pg_call([] { SPI_finish(); });
-  }
-  pg_call([] {
-    PopActiveSnapshot();
-    CommitTransactionCommand();
-    pgstat_report_activity(STATE_IDLE, nullptr);
-  });
-  return installation.has_value();
-}
-
-// The pause after a full batch, and a chance to stop.
-void pause_after(bool full, TimestampTz batch_start) {
-  // Between two full batches, a pause like vacuum's cost delay: deleting a backlog of
-  // millions of keys takes CPU and writes WAL (a full-page image for every page touched
-  // first after a checkpoint) that the sessions' commits would otherwise flush along
-  // with their own. The pause is idempotency.cleanup_delay, or as long as the batch
-  // took if that is longer: the worker works at most half of the time, and backs off
-  // further when a busy server makes its batches slow.
-  const int64 batch_ms = (GetCurrentTimestamp() - batch_start) / 1000;
-  int delay_ms = 0;
-  if (full && gucs::cleanup_delay_ms > 0)
-    delay_ms =
-        static_cast<int>(std::min<int64>(std::max<int64>(gucs::cleanup_delay_ms, batch_ms), 1000));
-  pg_call([&] {
-    if (delay_ms > 0) {
-      (void)WaitLatch(MyLatch, WL_LATCH_SET | WL_TIMEOUT | WL_EXIT_ON_PM_DEATH, delay_ms,
-                      PG_WAIT_EXTENSION);
-      ResetLatch(MyLatch);
-    }
-    CHECK_FOR_INTERRUPTS();
-  });
-}
-
-// One round in the current database. Errors are caught, logged, recorded and end the
-// round; the launcher starts the next one after the interval.
-void run_round() noexcept {
-  uint64 deleted = 0;
-  bool installed = false;
-  bool unfinished = false;
-  TimestampTz resume_from = DT_NOBEGIN;
-  std::string failure;
+// Logs a failed round as a LOG with its own SQLSTATE, detail and hint: the round is over,
+// the process is not.
+void log_failure(PgError& e) {
+  ErrorData* error = e.release();
+  error->elevel = LOG;
+  error->output_to_client = false;
   try {
-    if (RecoveryInProgress()) return;
-    const int batch_size = gucs::cleanup_batch_size;
-    // Keys that expire during the round are left to the next one: the round ends.
-    const TimestampTz now = GetCurrentTimestamp();
-    // Keys of dropped roles first (usually none: a few index descents).
-    bool full = false;
-    do {
-      const TimestampTz batch_start = GetCurrentTimestamp();
-      cleanup::Batch orphans;
-      installed = as_owner_in_transaction(
-          "idempotency cleanup: deleting keys of dropped roles",
-          [&](Oid table) { orphans = cleanup::delete_orphans(table, batch_size); });
-      if (!installed) return;
-      deleted += orphans.deleted;
-      full = orphans.full;
-      pause_after(full, batch_start);
-    } while (full && GetCurrentTimestamp() - now < kRoundMicroseconds);
-    cleanup::Batch batch;
-    // After an unfinished round, go on where it stopped instead of walking again over the
-    // index entries of the keys it deleted (dead until VACUUM).
-    batch.last_expiry = stats::resume_point(MyDatabaseId);
-    // With the dropped roles' keys done, the expired ones.
-    if (!full) {
-      do {
-        const TimestampTz batch_start = GetCurrentTimestamp();
-        installed = as_owner_in_transaction(
-            "idempotency cleanup: deleting a batch of expired keys", [&](Oid table) {
-              batch = cleanup::delete_batch(table, now, batch.last_expiry, batch_size);
-            });
-        if (!installed) return;
-        deleted += batch.deleted;
-        full = batch.full;
-        pause_after(full, batch_start);
-      } while (full && GetCurrentTimestamp() - now < kRoundMicroseconds);
-    }
-    unfinished = full;
-    resume_from = batch.last_expiry;
+    pg_call([&] {
+      error->message = psprintf("idempotency cleanup of database %u failed: %s", MyDatabaseId,
+                                error->message != nullptr ? error->message : "?");
+      ThrowErrorData(error);
+    });
+  } catch (...) {
+  }
+}
+
+// One round in the current database. Errors are caught, logged, recorded and end the round;
+// the launcher starts the next one after the interval.
+cleanup_shared::Outcome run_round() noexcept {
+  using cleanup_shared::Outcome;
+  if (RecoveryInProgress()) return Outcome::kDone;
+  cleanup::Request request;
+  request.batch_size = gucs::cleanup_batch_size;
+  // Keys that expire during the round are left to the next one: the round ends.
+  request.now = GetCurrentTimestamp();
+  request.time_budget_us = kRoundMicroseconds;
+  request.pause_between = true;
+  request.obey_pause = true;
+  request.resume = true;
+  cleanup::Progress progress;
+  std::string failure;
+  bool stopped = false;
+  try {
+    cleanup::run(request, progress);
   } catch (PgError& e) {
-    failure = e.what();
-    ErrorData* error = e.release();
-    // Logged with its own SQLSTATE, detail and hint, as a LOG: the round is over, the
-    // process is not.
-    error->elevel = LOG;
-    error->output_to_client = false;
-    try {
-      pg_call([&] {
-        error->message = psprintf("idempotency cleanup of database %u failed: %s", MyDatabaseId,
-                                  error->message != nullptr ? error->message : "?");
-        ThrowErrorData(error);
-      });
-    } catch (...) {
-    }
+    // SIGTERM cancels the statement under way: a stop, not a failure.
+    stopped = worker_session::stop_requested();
+    failure = stopped ? std::string() : std::string(e.what());
+    if (!stopped) log_failure(e);
   } catch (const std::exception& e) {
     failure = e.what();
     try {
@@ -384,39 +473,48 @@ void run_round() noexcept {
     } catch (...) {
     }
   }
-  if (!failure.empty()) {
-    try {
-      pg_call([] {
-        // Leaves the failed transaction (and its SPI connection and snapshot).
-        AbortCurrentTransaction();
-        pgstat_report_activity(STATE_IDLE, nullptr);
-      });
-    } catch (...) {
-    }
-  }
-  if (installed || !failure.empty())
-    stats::record_cleanup(MyDatabaseId, deleted, failure.empty() ? nullptr : failure.c_str(),
-                          unfinished, resume_from);
-  if (deleted > 0)
-    ereport(DEBUG1,
-            (errmsg("idempotency cleanup deleted " UINT64_FORMAT " expired keys", deleted)));
+  if (stopped || !failure.empty()) cleanup::abort_failed_batch();
+  stopped = stopped || worker_session::stop_requested();
+  const bool recorded =
+      !failure.empty() || (progress.installed && (!progress.paused || progress.deleted > 0));
+  if (recorded)
+    stats::record_cleanup(MyDatabaseId, progress.deleted,
+                          failure.empty() ? nullptr : failure.c_str(),
+                          progress.unfinished ? progress.resume_from : DT_NOBEGIN);
+  if (!failure.empty()) return Outcome::kFailed;
+  if (!progress.installed) return progress.paused ? Outcome::kPaused : Outcome::kNotInstalled;
+  if (progress.paused) return Outcome::kPaused;
+  if (stopped) return Outcome::kDone;  // the server stops: no next round to hurry
+  return progress.unfinished ? Outcome::kUnfinished : Outcome::kDone;
 }
 
-void database_main(Oid database) {
-  pqsignal(SIGHUP, SignalHandlerForConfigReload);
-  pqsignal(SIGTERM, die);
-  BackgroundWorkerUnblockSignals();
+// A database worker: connects, runs one round, records how it ended.
+// pg-frame: a bgworker main; it owns no C++ object (the round's live in run_round, noexcept).
+void database_main(int index) {
+  Registration registration;
+  memcpy(&registration, MyBgworkerEntry->bgw_extra, sizeof registration);
+  worker_session::handle_signals();
+  // A registration the launcher has given up on (it was started again meanwhile and found
+  // this one too late): another worker may serve the database by now.
+  if (!cleanup_shared::take(index, registration.database, registration.ticket)) return;
+  worker_session::prepare_settings();
   // Runs as the bootstrap superuser; exits with FATAL if the database was dropped since
-  // the launcher read pg_database (and is then not restarted).
-  BackgroundWorkerInitializeConnectionByOid(database, InvalidOid, 0);
+  // the launcher read pg_database (and is then not restarted). The worker runs at the
+  // server's priority: a batch holds buffer and WAL locks that claims wait for.
+  BackgroundWorkerInitializeConnectionByOid(registration.database, InvalidOid, 0);
+  worker_session::undo_database_settings();
   pgstat_report_appname(kWorkerType);
-  // Cleanup is background work: on a busy server the scheduler favours the sessions that
-  // claim keys. (The worker shares no row or index page lock with claims: it deletes rows
-  // of past expiry, claims insert rows of future expiry; a deletion writes no index entry.)
-  // On an idle server it still gets a whole core.
-  if (setpriority(PRIO_PROCESS, 0, kWorkerNice) != 0)
-    ereport(DEBUG1, (errmsg_internal("idempotency cleanup: setpriority failed: %m")));
-  run_round();
+  const TimestampTz started = GetCurrentTimestamp();
+  const cleanup_shared::Outcome outcome = run_round();
+  cleanup_shared::set_outcome(outcome);
+  if (outcome == cleanup_shared::Outcome::kNotInstalled)
+    ereport(DEBUG1, (errmsg_internal("idempotency cleanup: database %u does not have the "
+                                     "extension; looked at again after CREATE EXTENSION",
+                                     MyDatabaseId)));
+  else
+    ereport(DEBUG1,
+            (errmsg_internal("idempotency cleanup of database %u: round of %ld ms", MyDatabaseId,
+                             static_cast<long>((GetCurrentTimestamp() - started) / 1000))));
 }
 
 }  // namespace
@@ -445,5 +543,5 @@ void idempotency_cleanup_launcher_main(Datum) {
 }
 
 void idempotency_cleanup_database_main(Datum argument) {
-  idem::cleanup_worker::database_main(DatumGetObjectId(argument));
+  idem::cleanup_worker::database_main(DatumGetInt32(argument));
 }

@@ -21,10 +21,14 @@ extern int max_recovery_point_size;
 // (owner, scope, key) must fit a B-Tree page's item limit (2704 bytes with 8 kB pages).
 constexpr int kKeyLengthCeiling = 1024;
 
+// idempotency.executor_path: every claim through the executor (key_heap::direct_path()).
+extern bool executor_path;
+
 // Read by the cleanup worker.
 extern int cleanup_interval_ms;
 extern int cleanup_batch_size;
 extern int cleanup_delay_ms;  // pause of the worker after each batch
 extern char* databases;       // comma-separated list, empty = every database
+extern bool cleanup_worker;   // off: the worker leaves the server (or a database) alone
 
 }  // namespace idem::gucs

@@ -1,6 +1,7 @@
 // The shared library's entry: module magic and _PG_init, which wires the parts together.
 #include "citus_guard.hpp"
 #include "claim_protocol.hpp"
+#include "cleanup_shared.hpp"
 #include "cleanup_worker.hpp"
 #include "gucs.hpp"
 #include "key_heap.hpp"
@@ -23,6 +24,7 @@ void _PG_init(void) {
   // Shared memory and the background worker exist only when the postmaster loads us.
   if (process_shared_preload_libraries_in_progress) {
     idem::stats::install_shared_memory_hooks();
+    idem::cleanup_shared::install();
     idem::key_wait::install_shared_memory_hooks();
     idem::cleanup_worker::register_launcher();
   }

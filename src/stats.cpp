@@ -15,32 +15,50 @@ constexpr size_t kErrorLength = 256;
 struct DatabaseSlot {
   Oid database;  // InvalidOid = free
   pg_atomic_uint64 counters[kCounterCount];
-  TimestampTz last_cleanup;  // 0 = never; under the mutex
+  pg_atomic_uint64 orphan_passes;
+  pg_atomic_uint64 start_failures;
+  // Under the mutex:
+  TimestampTz last_cleanup;  // 0 = never
   uint64 last_cleanup_deleted;
-  bool unfinished;          // the last round left expired keys behind (read once by the launcher)
   TimestampTz resume_from;  // where the round after an unfinished one starts
   char last_error[kErrorLength];
+  TimestampTz last_orphan_pass;    // 0 = never
+  TimestampTz last_start_failure;  // 0 = never
+  uint64 orphans_done_generation;  // the role generation of the last complete pass
+  Oid orphans_done_table;          // ... and the table it read
+  stats::OrphanPass orphan_pass;   // the pass under way
 };
 
 struct SharedStats {
-  slock_t mutex;  // guards slot allocation and the non-atomic cleanup fields
+  slock_t mutex;  // guards slot allocation and the non-atomic fields of the slots
   TimestampTz started;
   DatabaseSlot slots[kMaxDatabases];
 };
 
 SharedStats* shared = nullptr;
 DatabaseSlot* my_slot = nullptr;  // this backend's database
+// Empties a slot (the mutex is held, or nobody else can see the slot yet).
+void clear_fields(DatabaseSlot& slot) {
+  slot.last_cleanup = 0;
+  slot.last_cleanup_deleted = 0;
+  slot.resume_from = DT_NOBEGIN;
+  slot.last_error[0] = '\0';
+  slot.last_orphan_pass = 0;
+  slot.last_start_failure = 0;
+  slot.orphans_done_generation = 0;
+  slot.orphans_done_table = InvalidOid;
+  slot.orphan_pass = stats::OrphanPass{};
+}
+
 void initialize(SharedStats* stats) {
   SpinLockInit(&stats->mutex);
   stats->started = GetCurrentTimestamp();
   for (DatabaseSlot& slot : stats->slots) {
     slot.database = InvalidOid;
     for (pg_atomic_uint64& counter : slot.counters) pg_atomic_init_u64(&counter, 0);
-    slot.last_cleanup = 0;
-    slot.last_cleanup_deleted = 0;
-    slot.unfinished = false;
-    slot.resume_from = DT_NOBEGIN;
-    slot.last_error[0] = '\0';
+    pg_atomic_init_u64(&slot.orphan_passes, 0);
+    pg_atomic_init_u64(&slot.start_failures, 0);
+    clear_fields(slot);
   }
 }
 
@@ -80,8 +98,7 @@ void count(Counter counter, uint64 n) {
   if (my_slot != nullptr) pg_atomic_fetch_add_u64(&my_slot->counters[counter], n);
 }
 
-void record_cleanup(Oid database, uint64 deleted, const char* error, bool unfinished,
-                    TimestampTz resume_from) {
+void record_cleanup(Oid database, uint64 deleted, const char* error, TimestampTz resume_from) {
   if (shared == nullptr) return;
   DatabaseSlot* slot = slot_of(database);
   if (slot == nullptr) return;
@@ -90,8 +107,7 @@ void record_cleanup(Oid database, uint64 deleted, const char* error, bool unfini
   SpinLockAcquire(&shared->mutex);
   slot->last_cleanup = now;
   slot->last_cleanup_deleted = deleted;
-  slot->unfinished = unfinished;
-  slot->resume_from = unfinished ? resume_from : DT_NOBEGIN;
+  slot->resume_from = resume_from;
   if (error != nullptr)
     strlcpy(slot->last_error, error, sizeof slot->last_error);
   else
@@ -109,18 +125,60 @@ TimestampTz resume_point(Oid database) {
   return resume_from;
 }
 
-bool take_unfinished(Oid database) {
-  if (shared == nullptr) return false;
-  bool unfinished = false;
+bool orphan_pass_due(Oid database, Oid table, uint64 generation) {
+  if (shared == nullptr) return true;
+  DatabaseSlot* slot = slot_of(database);
+  if (slot == nullptr) return true;  // no slot to remember a pass in: always
   SpinLockAcquire(&shared->mutex);
-  for (DatabaseSlot& slot : shared->slots) {
-    if (slot.database != database) continue;
-    unfinished = slot.unfinished;
-    slot.unfinished = false;
-    break;
-  }
+  bool due = slot->orphans_done_generation != generation || slot->orphans_done_table != table;
   SpinLockRelease(&shared->mutex);
-  return unfinished;
+  return due;
+}
+
+OrphanPass orphan_pass_progress(Oid database) {
+  OrphanPass pass;
+  if (shared == nullptr) return pass;
+  DatabaseSlot* slot = slot_of(database);
+  if (slot == nullptr) return pass;
+  SpinLockAcquire(&shared->mutex);
+  pass = slot->orphan_pass;
+  SpinLockRelease(&shared->mutex);
+  return pass;
+}
+
+void save_orphan_pass_progress(Oid database, const OrphanPass& pass) {
+  if (shared == nullptr) return;
+  DatabaseSlot* slot = slot_of(database);
+  if (slot == nullptr) return;
+  SpinLockAcquire(&shared->mutex);
+  slot->orphan_pass = pass;
+  SpinLockRelease(&shared->mutex);
+}
+
+void finish_orphan_pass(Oid database, Oid table, uint64 generation) {
+  if (shared == nullptr) return;
+  DatabaseSlot* slot = slot_of(database);
+  if (slot == nullptr) return;
+  pg_atomic_fetch_add_u64(&slot->orphan_passes, 1);
+  TimestampTz now = GetCurrentTimestamp();
+  SpinLockAcquire(&shared->mutex);
+  slot->orphans_done_generation = generation;
+  slot->orphans_done_table = table;
+  // A pass under way for an older generation is overtaken by this complete one.
+  if (slot->orphan_pass.generation <= generation) slot->orphan_pass = OrphanPass{};
+  slot->last_orphan_pass = now;
+  SpinLockRelease(&shared->mutex);
+}
+
+void count_start_failure(Oid database) {
+  if (shared == nullptr) return;
+  DatabaseSlot* slot = slot_of(database);
+  if (slot == nullptr) return;
+  pg_atomic_fetch_add_u64(&slot->start_failures, 1);
+  TimestampTz now = GetCurrentTimestamp();
+  SpinLockAcquire(&shared->mutex);
+  slot->last_start_failure = now;
+  SpinLockRelease(&shared->mutex);
 }
 
 void forget_dropped_databases(const Oid* existing, int count) {
@@ -136,15 +194,13 @@ void forget_dropped_databases(const Oid* existing, int count) {
     for (int i = 0; i < count && !exists; ++i) exists = existing[i] == database;
     if (exists) continue;
     for (pg_atomic_uint64& counter : slot.counters) pg_atomic_write_u64(&counter, 0);
+    pg_atomic_write_u64(&slot.orphan_passes, 0);
+    pg_atomic_write_u64(&slot.start_failures, 0);
     SpinLockAcquire(&shared->mutex);
     if (slot.database == database) {
       // A backend that cached this slot re-checks its database before counting.
       slot.database = InvalidOid;
-      slot.last_cleanup = 0;
-      slot.last_cleanup_deleted = 0;
-      slot.unfinished = false;
-      slot.resume_from = DT_NOBEGIN;
-      slot.last_error[0] = '\0';
+      clear_fields(slot);
     }
     SpinLockRelease(&shared->mutex);
   }
@@ -152,25 +208,52 @@ void forget_dropped_databases(const Oid* existing, int count) {
 
 namespace {
 
+// The columns of idempotency_stats_rows(), in order. 1.0 and 1.1 declare the first 16 (up to
+// note), 1.2 the rest too: a server whose library is newer than its installation (between
+// the library's installation and ALTER EXTENSION UPDATE) still answers the old view.
+enum Column : int {
+  kDatabase,
+  kSharedMemory,
+  kFirstCounter,  // claimed ... cleanup_runs, in Counter order
+  kLastCleanup = kFirstCounter + kCounterCount,
+  kLastCleanupDeleted,
+  kStatsSince,
+  kLastError,
+  kNote,
+  kColumnsOf11,  // what 1.0 and 1.1 declare
+  kOrphanPasses = kColumnsOf11,
+  kLastOrphanPass,
+  kWorkerStartFailures,
+  kLastStartFailure,
+  kColumnCount
+};
+
 // idempotency_stats_rows(): one row per database with counters, for the view.
 // Without shared memory: one row for the current database, counters NULL, and a note.
 Datum sql_stats_rows(FunctionCallInfo fcinfo) {
   pg_call([&] { InitMaterializedSRF(fcinfo, 0); });
   auto* rsinfo = reinterpret_cast<ReturnSetInfo*>(fcinfo->resultinfo);
-  constexpr int kColumns = 2 + kCounterCount + 5;  // ..., last_error, note
-  Datum values[kColumns];
-  bool nulls[kColumns];
+  const int declared = rsinfo->setDesc->natts;
+  if (declared != kColumnsOf11 && declared != kColumnCount)
+    throw Error(ERRCODE_DATATYPE_MISMATCH,
+                "idempotency_stats_rows() is declared with " + std::to_string(declared) +
+                    " columns, the library knows " + std::to_string(kColumnsOf11) + " or " +
+                    std::to_string(kColumnCount),
+                {}, "ALTER EXTENSION idempotency UPDATE installs the declaration of this library.");
+  // The tuple takes the declared number of columns from the front of these arrays.
+  Datum values[kColumnCount];
+  bool nulls[kColumnCount];
 
   if (shared == nullptr) {
     for (bool& null : nulls) null = true;
-    values[0] = ObjectIdGetDatum(MyDatabaseId);
-    nulls[0] = false;
-    values[1] = BoolGetDatum(false);
-    nulls[1] = false;
+    values[kDatabase] = ObjectIdGetDatum(MyDatabaseId);
+    nulls[kDatabase] = false;
+    values[kSharedMemory] = BoolGetDatum(false);
+    nulls[kSharedMemory] = false;
     pg_call([&] {
-      values[kColumns - 1] = CStringGetTextDatum(
+      values[kNote] = CStringGetTextDatum(
           "statistics need shared_preload_libraries = 'idempotency' (and a restart)");
-      nulls[kColumns - 1] = false;
+      nulls[kNote] = false;
       tuplestore_putvalues(rsinfo->setResult, rsinfo->setDesc, values, nulls);
     });
     return static_cast<Datum>(0);
@@ -181,27 +264,36 @@ Datum sql_stats_rows(FunctionCallInfo fcinfo) {
     Oid database = slot.database;
     TimestampTz last_cleanup = slot.last_cleanup;
     uint64 last_deleted = slot.last_cleanup_deleted;
+    TimestampTz last_orphan_pass = slot.last_orphan_pass;
+    TimestampTz last_start_failure = slot.last_start_failure;
     char last_error[kErrorLength];
     strlcpy(last_error, slot.last_error, sizeof last_error);
     SpinLockRelease(&shared->mutex);
     if (database == InvalidOid) continue;
 
-    int column = 0;
     for (bool& null : nulls) null = false;
-    values[column++] = ObjectIdGetDatum(database);
-    values[column++] = BoolGetDatum(true);
-    for (pg_atomic_uint64& counter : slot.counters)
-      values[column++] = Int64GetDatum(static_cast<int64>(pg_atomic_read_u64(&counter)));
-    values[column] = TimestampTzGetDatum(last_cleanup);
-    nulls[column++] = last_cleanup == 0;
-    values[column] = Int64GetDatum(static_cast<int64>(last_deleted));
-    nulls[column++] = last_cleanup == 0;
-    values[column] = TimestampTzGetDatum(shared->started);
-    column++;
-    nulls[column] = last_error[0] == '\0';
-    nulls[kColumns - 1] = true;  // note: only used without shared memory
+    values[kDatabase] = ObjectIdGetDatum(database);
+    values[kSharedMemory] = BoolGetDatum(true);
+    for (int i = 0; i < kCounterCount; ++i)
+      values[kFirstCounter + i] =
+          Int64GetDatum(static_cast<int64>(pg_atomic_read_u64(&slot.counters[i])));
+    values[kLastCleanup] = TimestampTzGetDatum(last_cleanup);
+    nulls[kLastCleanup] = last_cleanup == 0;
+    values[kLastCleanupDeleted] = Int64GetDatum(static_cast<int64>(last_deleted));
+    nulls[kLastCleanupDeleted] = last_cleanup == 0;
+    values[kStatsSince] = TimestampTzGetDatum(shared->started);
+    nulls[kLastError] = last_error[0] == '\0';
+    nulls[kNote] = true;  // only used without shared memory
+    values[kOrphanPasses] =
+        Int64GetDatum(static_cast<int64>(pg_atomic_read_u64(&slot.orphan_passes)));
+    values[kLastOrphanPass] = TimestampTzGetDatum(last_orphan_pass);
+    nulls[kLastOrphanPass] = last_orphan_pass == 0;
+    values[kWorkerStartFailures] =
+        Int64GetDatum(static_cast<int64>(pg_atomic_read_u64(&slot.start_failures)));
+    values[kLastStartFailure] = TimestampTzGetDatum(last_start_failure);
+    nulls[kLastStartFailure] = last_start_failure == 0;
     pg_call([&] {
-      if (!nulls[column]) values[column] = CStringGetTextDatum(last_error);
+      if (!nulls[kLastError]) values[kLastError] = CStringGetTextDatum(last_error);
       tuplestore_putvalues(rsinfo->setResult, rsinfo->setDesc, values, nulls);
     });
   }

@@ -29,17 +29,36 @@ void count(Counter counter, uint64 n = 1);
 // Records the end of a cleanup round in database `database`: one more run, its time, how
 // many keys it deleted and its error (nullptr: none). The deleted keys themselves are
 // counted batch by batch with count(kExpiredDeleted, n), so the view shows progress.
-// `unfinished` says the round stopped early with expired keys left (worker only).
-// `resume_from` is where the next round of an unfinished one starts (its largest expires_at).
-void record_cleanup(Oid database, uint64 deleted, const char* error, bool unfinished = false,
+// `resume_from` is where the next round starts when this one stopped early with expired
+// keys left (its largest expires_at); DT_NOBEGIN otherwise.
+void record_cleanup(Oid database, uint64 deleted, const char* error,
                     TimestampTz resume_from = DT_NOBEGIN);
 // Where a round in `database` should start: after an unfinished round, where it stopped
 // (the keys before it are gone, or locked, and then the next full round retries them);
 // otherwise DT_NOBEGIN (the start of the expires_at index).
 TimestampTz resume_point(Oid database);
-// True (once) when the last round in `database` ended unfinished: the launcher then starts
-// the next round at once instead of after the interval.
-bool take_unfinished(Oid database);
+
+// The pass over keys whose owner names no role (cleanup.cpp). It runs when the role
+// generation (cleanup_shared.hpp) moved since the last complete pass over this database's
+// table, and may take several rounds: where it stands is kept here between them.
+struct OrphanPass {
+  uint64 generation = 0;      // the role generation the pass started at; 0: no pass under way
+  Oid table = InvalidOid;     // the key table it walks
+  Oid relation = InvalidOid;  // the relation (the table or a Citus shard) it has reached
+  BlockNumber block = 0;      // the next block to read in it
+};
+// True when `database` needs a pass over `table` at role generation `generation`; always
+// true without shared memory.
+bool orphan_pass_due(Oid database, Oid table, uint64 generation);
+// The pass under way in `database` (generation 0: none).
+OrphanPass orphan_pass_progress(Oid database);
+void save_orphan_pass_progress(Oid database, const OrphanPass& pass);
+// The pass that started at `generation` has read all of `table`: one more in orphan_passes.
+void finish_orphan_pass(Oid database, Oid table, uint64 generation);
+
+// The launcher or idempotency_cleanup() could not start a background worker for `database`
+// (every max_worker_processes slot taken).
+void count_start_failure(Oid database);
 // Frees the slots of databases that no longer exist (`existing` lists every database), so
 // that dropped databases neither show in the view nor use up slots. Called by the launcher.
 void forget_dropped_databases(const Oid* existing, int count);

@@ -28,6 +28,7 @@ IDEM_PACKAGES=(
   python3-psycopg
   libfaketime
   pgbouncer
+  postgresql-15-pgaudit
   make
   g++
 )
@@ -54,7 +55,7 @@ else
   idem_kept=()
   for idem_pkg in "${IDEM_PACKAGES[@]}"; do
     [[ $idem_pkg == postgresql-15 || $idem_pkg == postgresql-server-dev-15 ||
-      $idem_pkg == postgresql-15-pgtap ]] || idem_kept+=("$idem_pkg")
+      $idem_pkg == postgresql-15-pgtap || $idem_pkg == postgresql-15-pgaudit ]] || idem_kept+=("$idem_pkg")
   done
   IDEM_PACKAGES=("${idem_kept[@]}")
   unset idem_kept idem_pkg

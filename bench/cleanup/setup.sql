@@ -3,7 +3,7 @@
 -- n expired keys, expiry increasing with insertion order (as created_at + ttl does).
 CREATE FUNCTION bench_load_expired(n int) RETURNS void LANGUAGE sql AS $$
   INSERT INTO idempotency_keys (key, owner, ttl, lease, created_at, expires_at, updated_at, status, response)
-  SELECT 'expired-' || g, 10, '1 hour', '5 minutes', now() - interval '3 hours',
+  SELECT 'expired-' || g, current_user, '1 hour', '5 minutes', now() - interval '3 hours',
          now() - interval '2 hours' + g * interval '1 us', now(), 'completed', '{"ok": true}'
     FROM generate_series(1, n) g
 $$;

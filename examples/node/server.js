@@ -11,8 +11,10 @@
 // then complete_key in a second transaction; see the README.)
 //
 // claim_key's answer maps onto HTTP like this:
-//   claimed / reclaimed -> run the handler, store its status and body, return them
-//   replay              -> the stored status and body, plus `Idempotent-Replayed: true`
+//   claimed / reclaimed -> run the handler; store the response exactly as sent (its status,
+//                          the headers it set and its body's bytes); send it
+//   replay              -> the stored status, headers and body, byte for byte, plus
+//                          `Idempotent-Replayed: true`
 //   in_progress         -> 409 Conflict with Retry-After (the first request is still running)
 //   mismatch            -> 422 Unprocessable Content (the key was used for another payload)
 //   no key on a POST    -> 400 Bad Request
@@ -53,18 +55,22 @@ const grantSql = (role) => `
   GRANT SELECT, INSERT, UPDATE ON api_accounts, api_payments TO ${role};
   GRANT USAGE ON SEQUENCE api_payments_id_seq TO ${role};`;
 
-// Sends a JSON text as it is: a replay sends the stored text of the first answer.
-function sendText(res, status, json, headers = {}) {
-  res.writeHead(status, {
-    'Content-Type': status >= 400 ? 'application/problem+json' : 'application/json',
-    'Content-Length': Buffer.byteLength(json),
-    ...headers,
-  });
-  res.end(json);
+// A response as it goes on the wire: status, the headers its handler set, and the body's bytes.
+function jsonResponse(status, body, headers = {}) {
+  return {
+    status,
+    headers: { 'Content-Type': status >= 400 ? 'application/problem+json' : 'application/json', ...headers },
+    body: Buffer.from(JSON.stringify(body)),
+  };
+}
+
+function write(res, { status, headers, body }, extra = {}) {
+  res.writeHead(status, { ...headers, 'Content-Length': body.length, ...extra });
+  res.end(body);
 }
 
 function send(res, status, body, headers = {}) {
-  sendText(res, status, JSON.stringify(body), headers);
+  write(res, jsonResponse(status, body, headers));
 }
 
 function problem(res, status, title, detail, headers) {
@@ -91,11 +97,10 @@ async function createPayment(client, key, payment) {
     'INSERT INTO api_payments (account, amount, idempotency_key) VALUES ($1, $2, $3) RETURNING id',
     [payment.account, payment.amount, key]);
   if (effectDelayMs) await new Promise((r) => setTimeout(r, effectDelayMs));
-  return {
-    status: 201,
-    body: { payment: Number(ins.rows[0].id), account: payment.account, amount: payment.amount,
-            balance: Number(rows[0].balance) },
-  };
+  const id = Number(ins.rows[0].id);
+  return jsonResponse(201,
+    { payment: id, account: payment.account, amount: payment.amount, balance: Number(rows[0].balance) },
+    { Location: `/payments/${id}` });
 }
 
 async function postPayment(req, res) {
@@ -125,7 +130,7 @@ async function postPayment(req, res) {
     // The fingerprint is computed from the body as jsonb, so the same payload sent with
     // another key order or spacing is still the same request.
     const { rows: [claim] } = await client.query(
-      `SELECT status::text, token, response #>> '{}' AS body, response_code,
+      `SELECT status::text, token, response_code, response_body, response_headers,
               ceil(extract(epoch FROM retry_after))::int AS retry_after
          FROM idempotency.claim_key($1::text, idempotency.request_fingerprint($2::jsonb), $3::text)`,
       [key, raw, scope]);
@@ -133,18 +138,21 @@ async function postPayment(req, res) {
     switch (claim.status) {
       case 'claimed':
       case 'reclaimed': {
-        const result = await createPayment(client, key, payment);
-        const body = JSON.stringify(result.body);
-        // The body's text, kept byte for byte (a JSON string inside the jsonb response).
+        const response = await createPayment(client, key, payment);
+        // Stored as sent: the status, the headers the handler set (not Content-Length, which
+        // follows from the body) and the body's bytes (a Buffer is sent as bytea).
         await client.query(
-          'SELECT idempotency.complete_key($1::text, $2::uuid, to_jsonb($3::text), $4::int, $5::text)',
-          [key, claim.token, body, result.status, scope]);
+          `SELECT idempotency.complete_key($1::text, $2::uuid, NULL, $3::int, $4::text,
+                                           response_body => $5::bytea, response_headers => $6::jsonb)`,
+          [key, claim.token, response.status, scope, response.body, JSON.stringify(response.headers)]);
         await client.query('COMMIT');
-        return sendText(res, result.status, body);
+        return write(res, response);
       }
       case 'replay':
         await client.query('ROLLBACK'); // a replay wrote nothing; end the transaction
-        return sendText(res, claim.response_code, claim.body, { 'Idempotent-Replayed': 'true' });
+        // node-postgres gives bytea as a Buffer and jsonb parsed: the bytes are the first response's.
+        return write(res, { status: claim.response_code, headers: claim.response_headers, body: claim.response_body },
+          { 'Idempotent-Replayed': 'true' });
       case 'in_progress':
         await client.query('ROLLBACK');
         return problem(res, 409, 'Request in progress',

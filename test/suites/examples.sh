@@ -13,6 +13,11 @@
 #                                 node --test): 400 / replay byte for byte / 409 / 422 /
 #                                 concurrency
 #   examples/go/inbox.go          pgx v4 from Debian's archive (golang-github-jackc-pgx-v4-dev)
+#   examples/go/middleware        a net/http Idempotency-Key middleware around any handler: its
+#                                 go test (real requests on 127.0.0.1: replays byte for byte,
+#                                 409 / 422 / 400, 5xx not stored, concurrency) and the
+#                                 receipts service run as a user runs it, asked twice by curl
+#   examples/sql/walkthrough.sql  runs twice and prints exactly walkthrough.out
 #   demo/demo.sql                 runs with psql -d demo and no PGDATABASE (make demo's script)
 # The programs run as ordinary application roles, on a server whose search_path does not name
 # the extension's schema: the examples work the way the README tells users to set things up.
@@ -42,6 +47,20 @@ has() {
   grep -qE -- "$2" "$1" && return 0
   echo "    no line matching /$2/ in:" && sed 's/^/    | /' "$1"
   return 1
+}
+# results NAME LOG PASSES FAILS RC: adds the counts of a test program's run (PASSES and FAILS,
+# read from its output LOG) to the suite's; a run without results, or that failed without a
+# failed test, is a failure. LOG (and LOG.err) are shown when something failed.
+results() {
+  if [[ -z $3 || -z $4 ]] || (($3 == 0)); then
+    cat "$2" "$2.err" 2>/dev/null | sed 's/^/    | /'
+    not_ok "$1: the test run produced no results (exit $5)"
+    return
+  fi
+  passed=$((passed + $3))
+  failed=$((failed + $4))
+  (($4 > 0)) && sed 's/^/    | /' "$2"
+  (($5 != 0 && $4 == 0)) && not_ok "$1: the test run exited $5"
 }
 q() { psql -X -At -v ON_ERROR_STOP=1 "$@"; }
 
@@ -187,7 +206,7 @@ check "python race: B was told in_progress while A was running" has "$OUT/pyB.lo
 check "python race: B then got the replay" has "$OUT/pyB.log" $'race-1\treplay skipped \\(first delivery left balance=30\\)$'
 check "python race: one ledger row" test "$(q -d py -c "SELECT count(*) FROM ledger WHERE message_id = 'race-1'")" = 1
 check "python: every key belongs to the consumer's role" \
-  test "$(q -d py -c "SELECT count(*) > 0 AND bool_and(owner::text = 'py_app') FROM idempotency.idempotency_keys")" = t
+  test "$(q -d py -c "SELECT count(*) > 0 AND bool_and(owner = 'py_app') FROM idempotency.idempotency_keys")" = t
 cat "$OUT/py1.log" "$OUT/pyA.log" "$OUT/pyB.log" | sed 's/^/    /'
 
 # --- Node.js: HTTP endpoint, as examples/README.md runs it -----------------------------
@@ -196,17 +215,8 @@ http_port="$(idem_free_port $((PGPORT_EX + 1)) 5489)" || idem_die "no free HTTP 
 documented node "npm test" "$OUT/node.tap" "s/HTTP_PORT=3001/HTTP_PORT=$http_port/"
 rc_node=$?
 grep -E '^(not )?ok |^# (pass|fail)' "$OUT/node.tap" | sed 's/^/    /'
-np="$(sed -n 's/^# pass \([0-9]*\)$/\1/p' "$OUT/node.tap" | tail -1)"
-nf="$(sed -n 's/^# fail \([0-9]*\)$/\1/p' "$OUT/node.tap" | tail -1)"
-if [[ -z $np || -z $nf ]] || ((np == 0)); then
-  sed 's/^/    | /' "$OUT/node.tap" "$OUT/node.tap.err"
-  not_ok "node: npm ci and the test run produced no results (exit $rc_node)"
-else
-  passed=$((passed + np))
-  failed=$((failed + nf))
-  ((nf > 0)) && sed 's/^/    | /' "$OUT/node.tap"
-  ((rc_node != 0 && nf == 0)) && not_ok "node: npm ci / npm test exit $rc_node"
-fi
+results "node: npm ci / npm test" "$OUT/node.tap" "$(sed -n 's/^# pass \([0-9]*\)$/\1/p' "$OUT/node.tap" | tail -1)" \
+  "$(sed -n 's/^# fail \([0-9]*\)$/\1/p' "$OUT/node.tap" | tail -1)" "$rc_node"
 check "node: each effect once in the database" \
   test "$(q -d app -c "SELECT count(*) FROM (SELECT idempotency_key FROM api_payments
                                              GROUP BY 1 HAVING count(*) > 1) s")" = 0
@@ -256,6 +266,50 @@ check "demo.sql: no statement failed (the second session too)" bash -c "! grep -
 check "demo.sql: session B saw in_progress while A's transaction was open" \
   grep -qE '^\| M2 +\| in_progress +\| +409 ' "$OUT/demo.log"
 check "demo.sql: charged exactly once" grep -qE '^\| +20\.00 \| +20\.00 \| t ' "$OUT/demo.log"
+
+# --- Go: the net/http middleware (examples/go/middleware) ---------------------------------
+# Any handler behind Idempotency-Key: its tests serve the receipts service and test handlers
+# on 127.0.0.1 and send real requests (a replay is the first response byte for byte: status,
+# body, headers), then the service itself runs as a user starts it and is asked twice.
+echo "# go: examples/go/middleware (go test: real HTTP requests on 127.0.0.1)"
+fresh_app
+go_mw() { (cd "$EX/go/middleware" && PATH="/usr/bin:$PATH" GO111MODULE=off GOPATH=/usr/share/gocode \
+  PGDATABASE=app PGUSER=app "$@"); }
+mw_port="$(idem_free_port $((PGPORT_EX + 1)) 5489)" || idem_die "no free HTTP port in 5480-5489"
+HTTP_PORT="$mw_port" go_mw go test -v -count=1 . >"$OUT/go-mw.log" 2>&1
+rc_mw=$?
+grep -E '^--- (PASS|FAIL)' "$OUT/go-mw.log" | sed 's/^/    /'
+results "go middleware: go test" "$OUT/go-mw.log" "$(grep -c '^--- PASS' "$OUT/go-mw.log")" \
+  "$(grep -c '^--- FAIL' "$OUT/go-mw.log")" "$rc_mw"
+check "go middleware: every key belongs to app" \
+  test "$(q -d app -c "SELECT count(*) > 0 AND bool_and(owner::text = 'app') FROM idempotency.idempotency_keys")" = t
+check "go middleware: the receipts are stored as their ISO-8859-1 bytes (not UTF-8)" \
+  test "$(q -d app -c "SELECT count(*) > 0 FROM idempotency.idempotency_keys
+                       WHERE position('\\x5265e775206eb020'::bytea IN response_body) = 1")" = t
+echo "# go: the receipts service as a user runs it, one POST sent twice with curl"
+fresh_app
+mw_port="$(idem_free_port $((PGPORT_EX + 1)) 5489)" || idem_die "no free HTTP port in 5480-5489"
+go_mw go build -o "$OUT/receipts" . >"$OUT/receipts.log" 2>&1
+(cd "$EX/go/middleware" && PGDATABASE=app PGUSER=app exec "$OUT/receipts" "127.0.0.1:$mw_port") >>"$OUT/receipts.log" 2>&1 &
+mw_pid=$!
+IDEM_BG_PIDS+=("$mw_pid")
+for _ in $(seq 300); do grep -q 'listening on' "$OUT/receipts.log" && break; sleep 0.1; done
+for i in 1 2; do
+  curl -s -D "$OUT/receipt$i.head" -o "$OUT/receipt$i.body" -X POST "http://127.0.0.1:$mw_port/receipts" \
+    -H 'Idempotency-Key: receipt-1' -d 'amount=100'
+done
+kill "$mw_pid" 2>/dev/null
+wait "$mw_pid" 2>/dev/null
+# The status line and the stored headers of a response, in a fixed order.
+head_of() { tr -d '\r' <"$1" | grep -iE '^(HTTP/|content-type|location|link|content-length)' | sort; }
+check "go receipts: the first POST is 201 with a Location" \
+  grep -qiE '^location: /receipts/[0-9]+' "$OUT/receipt1.head"
+check "go receipts: the second is the first byte for byte (body, status, headers)" \
+  bash -c 'cmp "$1" "$2" && [[ $3 == "$4" ]]' _ "$OUT/receipt1.body" "$OUT/receipt2.body" \
+  "$(head_of "$OUT/receipt1.head")" "$(head_of "$OUT/receipt2.head")"
+check "go receipts: only the second is marked Idempotent-Replayed" \
+  bash -c "grep -qi '^idempotent-replayed: true' '$OUT/receipt2.head' && ! grep -qi '^idempotent-replayed' '$OUT/receipt1.head'"
+check "go receipts: one receipt made" test "$(q -d app -c "SELECT count(*) FROM receipts")" = 1
 
 echo "${passed} passed, ${failed} failed"
 ((failed == 0))

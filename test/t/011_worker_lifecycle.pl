@@ -1,6 +1,9 @@
-# The cleanup worker's life: DROP DATABASE of a served database completes promptly, the
-# launcher stops within a second on SIGTERM and is started again, and after kill -9 the
-# postmaster restarts it and cleanup resumes. Server shutdown is not held up either.
+# The cleanup worker's life: DROP DATABASE of a served database completes promptly; a
+# database worker runs at the server's priority; pg_cancel_backend() restarts the launcher,
+# which then finds the workers still running and starts no second one for their databases;
+# after kill -9 the postmaster restarts it and cleanup resumes; SIGTERM stops it quietly for
+# good; a server restart brings it back, and neither a restart nor a fast shutdown (with
+# workers in the middle of a round) logs anything above LOG or is held up.
 use strict;
 use warnings;
 use PostgreSQL::Test::Cluster;
@@ -33,7 +36,7 @@ sub add_expired {
   my ($db, $prefix, $n) = @_;
   $node->safe_psql($db, qq{
     INSERT INTO idempotency_keys (key, owner, ttl, lease, created_at, expires_at, updated_at)
-    SELECT '$prefix' || g, 10, '1 hour', '5 min', now() - interval '2 hours',
+    SELECT '$prefix' || g, current_user, '1 hour', '5 min', now() - interval '2 hours',
            now() - interval '1 second', now()
       FROM generate_series(1, $n) g});
 }
@@ -49,6 +52,35 @@ sub poll_through_restart {
     select(undef, undef, undef, 0.1);
   }
   return 0;
+}
+
+# The nice value of a process (field 19 of /proc/PID/stat, counted after the command name,
+# which may hold spaces); undef once the process is gone.
+sub nice_of {
+  my ($pid) = @_;
+  open(my $fh, '<', "/proc/$pid/stat") or return undef;
+  my $stat = <$fh>;
+  close $fh;
+  my ($after) = $stat =~ /\)\s(.*)$/ or return undef;
+  return (split / /, $after)[16];
+}
+
+# A database worker of $db runs at the postmaster's nice value (no priority games while it
+# holds buffer and WAL locks that claims wait for). Workers come and go every round: take
+# the next one until its nice value could be read.
+sub worker_priority_is_the_servers {
+  my ($db) = @_;
+  my $postmaster = (split /\n/, slurp_file($node->data_dir . '/postmaster.pid'))[0];
+  my ($nice, $pid);
+  for (1 .. 200) {
+    $pid = $node->safe_psql('postgres', qq{
+      SELECT pid FROM pg_stat_activity WHERE backend_type = 'idempotency cleanup' AND datname = '$db' LIMIT 1});
+    next if $pid eq '';
+    $nice = nice_of($pid);
+    last if defined $nice;
+  }
+  ok(defined $nice, "a database worker of $db caught running (pid $pid)");
+  is($nice, nice_of($postmaster), "it runs at the postmaster's nice value (" . ($nice // '?') . ')');
 }
 
 sub wait_cleaned {
@@ -74,6 +106,7 @@ for my $i (1 .. 5) {
     SELECT count(*) > 0 FROM pg_stat_activity
      WHERE backend_type = 'idempotency cleanup' AND datname = current_database()})
     or diag("no worker seen in served$i before the drop");
+  worker_priority_is_the_servers("served$i") if $i == 1;
   my $start = time();
   my ($rc, $out, $err) = $node->psql('postgres', "DROP DATABASE served$i");
   my $took = time() - $start;
@@ -93,27 +126,59 @@ is($node->safe_psql('keep', q{
     SELECT count(*) FROM idempotency_stats WHERE database IS NOT NULL AND datname IS NULL}),
   '0', 'statistics of dropped databases are forgotten');
 
-# --- SIGTERM ----------------------------------------------------------------------------
-
-my $pid = launcher_pid();
-like($pid, qr/^\d+$/, 'launcher pid');
-my $start = time();
-kill 'TERM', $pid;
-ok($node->poll_query_until('postgres',
-    "SELECT count(*) = 0 FROM pg_stat_activity WHERE pid = $pid"),
-  'the launcher exits on SIGTERM');
-my $took = time() - $start;
-cmp_ok($took, '<', 1, sprintf('within a second (%.2f s)', $took));
+# --- SIGINT: the launcher starts again and finds the workers still running ----------------
+# pg_cancel_backend() of the launcher makes it exit (code 1: the postmaster starts a new one
+# a second later) while its database workers run on. Database 'big' has 1,500,000 expired
+# keys and batches of a million: its worker's first batch takes seconds, and the pause after
+# a full batch (as long as the batch, up to a second) more. The new launcher serves the
+# other databases at once but must not start a second worker for 'big' while the first runs:
+# the registry in shared memory tells it (the old launcher's handles are gone with it).
+$node->safe_psql('postgres', q{ALTER SYSTEM SET idempotency.cleanup_batch_size = 1000000});
+$node->reload;
+$node->safe_psql('postgres', 'CREATE DATABASE big');
+$node->safe_psql('big', 'CREATE EXTENSION idempotency');
+add_expired('big', 'old', 1500000);
+my $first = '';
+# (The worker reports its batch as its query.)
+$node->poll_query_until('postgres', q{
+  SELECT count(*) = 1 FROM pg_stat_activity
+   WHERE backend_type = 'idempotency cleanup' AND datname = 'big'
+     AND query = 'idempotency cleanup: deleting a batch of expired keys'})
+  or diag('no worker seen deleting in big');
+$first = $node->safe_psql('postgres', q{
+  SELECT pid FROM pg_stat_activity WHERE backend_type = 'idempotency cleanup' AND datname = 'big'
+     AND query = 'idempotency cleanup: deleting a batch of expired keys'});
+my $old_launcher = launcher_pid();
+my $log_offset = -s $node->logfile;
+my $cancelled = time();
+is($node->safe_psql('postgres', "SELECT pg_cancel_backend($old_launcher)"), 't',
+  'pg_cancel_backend() of the launcher');
 ok($node->poll_query_until('postgres', qq{
     SELECT count(*) = 1 FROM pg_stat_activity
-     WHERE backend_type = 'idempotency cleanup launcher' AND pid <> $pid}),
-  'the postmaster starts it again (bgw_restart_time)');
-add_expired('keep', 'second', 100);
-ok(wait_cleaned('keep', 'second'), 'and cleanup goes on');
+     WHERE backend_type = 'idempotency cleanup launcher' AND pid <> $old_launcher}),
+  'a new launcher runs');
+add_expired('keep', 'restarted', 100);
+ok(wait_cleaned('keep', 'restarted'), 'it serves the other databases');
+diag(sprintf("big's first worker %s still runs %.1f s after the cancel", $first, time() - $cancelled));
+my $workers = $node->safe_psql('postgres', q{
+  SELECT string_agg(pid::text, ',') FROM pg_stat_activity
+   WHERE backend_type = 'idempotency cleanup' AND datname = 'big'});
+SKIP: {
+  skip "big's first worker ended before the new launcher's round (a very fast machine)", 1
+    unless $workers =~ /\b$first\b/;
+  is($workers, $first, "while big's first worker still runs, it is big's only worker");
+}
+ok(wait_cleaned('big', 'old'), "and big's backlog goes");
+ok($node->log_contains(qr/LOG:  idempotency cleanup launcher restarting on request/, $log_offset),
+  'the restart is logged at LOG');
+ok(!$node->log_contains(qr/(FATAL|ERROR|PANIC):.*(idempotency|canceling)/, $log_offset),
+  'and nothing above LOG');
+$node->safe_psql('postgres', q{ALTER SYSTEM RESET idempotency.cleanup_batch_size});
+$node->reload;
 
 # --- kill -9 ------------------------------------------------------------------------------
 
-$pid = launcher_pid();
+my $pid = launcher_pid();
 kill 'KILL', $pid;
 # A killed process with shared memory access makes the postmaster reinitialize: wait for
 # the server to take connections again, then for the new launcher.
@@ -148,10 +213,48 @@ SKIP: {
   ok(wait_cleaned('keep', 'fourth'), 'and the interrupted cleanup completes');
 }
 
-# --- shutdown -----------------------------------------------------------------------------
+# --- SIGTERM: the launcher stops, quietly, for good --------------------------------------
+# As pg_cron's launcher does: exit code 0, which the postmaster takes as "do not restart";
+# the next server start brings it back.
+$pid = launcher_pid();
+like($pid, qr/^\d+$/, 'launcher pid');
+$log_offset = -s $node->logfile;
+my $start = time();
+kill 'TERM', $pid;
+ok($node->poll_query_until('postgres',
+    "SELECT count(*) = 0 FROM pg_stat_activity WHERE pid = $pid"),
+  'the launcher exits on SIGTERM');
+my $took = time() - $start;
+cmp_ok($took, '<', 1, sprintf('within a second (%.2f s)', $took));
+# An observation window of three restart delays (the postmaster restarted it within a second
+# after SIGINT above): not a synchronization.
+$node->safe_psql('postgres', 'SELECT pg_sleep(3)');
+is($node->safe_psql('postgres', q{
+    SELECT count(*) FROM pg_stat_activity WHERE backend_type = 'idempotency cleanup launcher'}),
+  '0', 'and is not started again');
+ok($node->log_contains(qr/LOG:  idempotency cleanup launcher stopping/, $log_offset),
+  'its stop is logged at LOG');
+ok(!$node->log_contains(qr/(FATAL|ERROR|PANIC):|"idempotency[^"]*" .*exited with exit code/, $log_offset),
+  'nothing above LOG, and no exit code');
 
+# --- a server restart, and a fast shutdown, with workers in the middle of a round ----------
+# 20,000 expired keys deleted one per transaction keep a database worker busy for seconds.
+add_expired('keep', 'busy', 20000);
+$log_offset = -s $node->logfile;
+$node->restart;
+ok($node->poll_query_until('postgres', q{
+  SELECT count(*) = 1 FROM pg_stat_activity WHERE backend_type = 'idempotency cleanup launcher'}),
+  'the restarted server runs the launcher again');
+ok($node->poll_query_until('postgres', q{
+  SELECT count(*) = 1 FROM pg_stat_activity
+   WHERE backend_type = 'idempotency cleanup' AND datname = 'keep' AND state = 'active'}),
+  'a database worker is in the middle of a round');
 $start = time();
 $node->stop('fast');
 $took = time() - $start;
 cmp_ok($took, '<', 5, sprintf('a fast shutdown is not held up by the worker (%.2f s)', $took));
+# (PostgreSQL 15's own logical replication launcher exits with code 1 at every shutdown.)
+my @above = grep { /(FATAL|ERROR|PANIC|WARNING):|terminating background worker|"idempotency[^"]*" .*exited with exit code [^0]/ }
+  split /\n/, substr(slurp_file($node->logfile), $log_offset);
+is(join("\n", @above), '', 'the restart and the shutdown logged nothing above LOG');
 done_testing();

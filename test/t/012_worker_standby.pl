@@ -20,10 +20,10 @@ $primary->safe_psql('postgres', 'CREATE DATABASE app');
 $primary->safe_psql('app', 'CREATE EXTENSION idempotency');
 $primary->safe_psql('app', q{
   INSERT INTO idempotency_keys (key, owner, ttl, lease, created_at, expires_at, updated_at)
-  SELECT 'old' || g, 10, '1 hour', '5 min', now() - interval '2 hours', now() - interval '1 hour', now()
+  SELECT 'old' || g, current_user, '1 hour', '5 min', now() - interval '2 hours', now() - interval '1 hour', now()
     FROM generate_series(1, 1000) g;
   INSERT INTO idempotency_keys (key, owner, ttl, lease, created_at, expires_at, updated_at)
-  SELECT 'live' || g, 10, '1 hour', '5 min', now(), now() + interval '1 hour', now()
+  SELECT 'live' || g, current_user, '1 hour', '5 min', now(), now() + interval '1 hour', now()
     FROM generate_series(1, 10) g});
 
 $primary->backup('backup');

@@ -22,7 +22,7 @@ is($node->safe_psql('postgres', q{SELECT status FROM claim_key('k1')}), 'claimed
   'claim_key works');
 $node->safe_psql('postgres', q{
   INSERT INTO idempotency_keys (key, owner, ttl, lease, created_at, expires_at, updated_at)
-  SELECT 'old' || g, 10, '1 hour', '5 min', now() - interval '2 hours', now() - interval '1 hour', now()
+  SELECT 'old' || g, current_user, '1 hour', '5 min', now() - interval '2 hours', now() - interval '1 hour', now()
     FROM generate_series(1, 300) g});
 is($node->safe_psql('postgres', 'SELECT idempotency_cleanup(100)'), '300',
   'idempotency_cleanup deletes the expired keys on demand');
