@@ -257,7 +257,7 @@ shows_output "README 409 block prints what examples/README.md shows (409 in flig
   "EXAMPLE_EFFECT_DELAY_MS" "$OUT/409.log" "$sub409"
 keys_of_app "README 409 block"
 
-# --- demo/demo.sql without PGDATABASE (issue #12) ------------------------------------------
+# --- demo/demo.sql without PGDATABASE ----------------------------------------------------
 echo "# demo: psql -d demo -f demo/demo.sql, PGDATABASE unset (its second session must find the demo database)"
 q -c "CREATE DATABASE demo" postgres >/dev/null && q -d demo -c "CREATE EXTENSION idempotency" >/dev/null
 (unset PGDATABASE && psql -X -d demo -f "$IDEM_ROOT/demo/demo.sql") >"$OUT/demo.log" 2>&1
