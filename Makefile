@@ -19,7 +19,13 @@ OBJS        = src/pg_boundary.o \
               src/key_wait.o \
               src/key_heap.o \
               src/key_store.o \
+              src/arguments.o \
+              src/responses.o \
+              src/own_claims.o \
+              src/claim_result.o \
               src/claim_protocol.o \
+              src/sql_functions.o \
+              src/batches.o \
               src/cleanup_shared.o \
               src/worker_session.o \
               src/cleanup.o \

@@ -77,6 +77,12 @@ enum RowColumn {
   kRowResponseHeaders,
 };
 
+// The same bytes (a fingerprint, a body): equal lengths and contents.
+inline bool same_bytes(const bytea* a, const bytea* b) {
+  return VARSIZE_ANY_EXHDR(a) == VARSIZE_ANY_EXHDR(b) &&
+         memcmp(VARDATA_ANY(a), VARDATA_ANY(b), VARSIZE_ANY_EXHDR(a)) == 0;
+}
+
 // As INSERT .. ON CONFLICT does: a transaction that reads with one snapshot (REPEATABLE READ,
 // SERIALIZABLE) cannot decide from a version of the key committed after that snapshot. Both
 // paths raise it where they find such a version.

@@ -1,6 +1,7 @@
 // The shared library's entry: module magic and _PG_init, which wires the parts together.
 #include "citus_guard.hpp"
-#include "claim_protocol.hpp"
+#include "claim_result.hpp"
+#include "own_claims.hpp"
 #include "cleanup_shared.hpp"
 #include "cleanup_worker.hpp"
 #include "gucs.hpp"
@@ -16,7 +17,8 @@ PG_MODULE_MAGIC;
 void _PG_init(void);
 void _PG_init(void) {
   idem::gucs::define();
-  idem::claim_protocol::on_load();
+  idem::claim_result::on_load();
+  idem::own_claims::on_load();
   idem::key_heap::on_load();
   idem::key_store::on_load();
   idem::citus_guard::install_if_citus();

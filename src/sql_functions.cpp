@@ -1,0 +1,89 @@
+// The single-key SQL functions: claim_key, complete_key, release_key, checkpoint_key. Each
+// reads and checks its arguments (arguments.hpp, responses.hpp), runs one step of the claim
+// protocol as the installation's owner (claim_protocol.hpp), and returns its answer.
+#include "claim_protocol.hpp"
+#include "responses.hpp"
+#include "stats.hpp"
+
+namespace idem::sql_functions {
+namespace {
+
+using namespace arguments;  // NOLINT(google-build-using-namespace): the argument readers
+using claim_protocol::as_owner;
+using claim_protocol::ClaimRequest;
+using claim_result::ClaimResult;
+using claim_result::Status;
+using key_store::KeyRow;
+using key_store::Session;
+
+Datum sql_claim_key(FunctionCallInfo fcinfo) {
+  const Caller caller = calling("claim_key");
+  ClaimRequest request(key_arguments(fcinfo, 0, 2));
+  const TimestampTz now = GetCurrentTimestamp();
+  request.fingerprint = PG_ARGISNULL(1) ? nullptr : fingerprint_value(PG_GETARG_DATUM(1));
+  request.ttl = ttl_argument(fcinfo, 3);
+  request.lease = lease_argument(fcinfo, 4);
+  request.deadline = wait_deadline(fcinfo, 5, now);
+  request.caller = caller;
+
+  const ClaimResult result = as_owner(fcinfo, [&](Session& store, const caller::Installation& at) {
+    request.table = at.table;
+    return claim_protocol::claim(store, request);
+  });
+  return claim_result::as_datum(fcinfo, result);
+}
+
+Datum sql_complete_key(FunctionCallInfo fcinfo) {
+  const Caller caller = calling("complete_key");
+  const KeyName name = key_arguments(fcinfo, 0, 4);
+  const pg_uuid_t token = token_argument(fcinfo, 1);
+  responses::ResponseArguments given;
+  if (!PG_ARGISNULL(2)) given.response = PG_GETARG_DATUM(2);
+  if (!PG_ARGISNULL(3)) given.code = PG_GETARG_INT32(3);
+  if (argument_given(fcinfo, 5)) given.body = PG_GETARG_DATUM(5);
+  if (argument_given(fcinfo, 6)) given.headers = PG_GETARG_DATUM(6);
+  const key_store::Outcome outcome = responses::outcome_value(given);
+  const TimestampTz now = GetCurrentTimestamp();
+
+  const KeyRow completed = as_owner(fcinfo, [&](Session& store, const caller::Installation&) {
+    return claim_protocol::complete(store, name, token, outcome, caller, now);
+  });
+  return claim_result::as_datum(fcinfo, claim_result::stored_answer(Status::kReplay, completed));
+}
+
+Datum sql_release_key(FunctionCallInfo fcinfo) {
+  const Caller caller = calling("release_key");
+  const KeyName name = key_arguments(fcinfo, 0, 2);
+  const pg_uuid_t token = token_argument(fcinfo, 1);
+  const TimestampTz now = GetCurrentTimestamp();
+  (void)as_owner(fcinfo, [&](Session& store, const caller::Installation&) {
+    claim_protocol::release(store, name, token, caller, now);
+    return true;
+  });
+  stats::count(stats::kReleased);
+  PG_RETURN_VOID();
+}
+
+Datum sql_checkpoint_key(FunctionCallInfo fcinfo) {
+  const Caller caller = calling("checkpoint_key");
+  const KeyName name = key_arguments(fcinfo, 0, 3);
+  const pg_uuid_t token = token_argument(fcinfo, 1);
+  text* recovery_point = recovery_point_argument(fcinfo, 2);
+  const TimestampTz now = GetCurrentTimestamp();
+  // NULL keeps the lease the claim was made with.
+  std::optional<Interval> lease;
+  if (!PG_ARGISNULL(4)) lease = lease_argument(fcinfo, 4);
+  const TimestampTz locked_until =
+      as_owner(fcinfo, [&](Session& store, const caller::Installation&) {
+        return claim_protocol::checkpoint(store, name, token, caller, recovery_point, lease, now);
+      });
+  PG_RETURN_TIMESTAMPTZ(locked_until);
+}
+
+}  // namespace
+}  // namespace idem::sql_functions
+
+IDEM_SQL_FUNCTION(claim_key, idem::sql_functions::sql_claim_key)
+IDEM_SQL_FUNCTION(complete_key, idem::sql_functions::sql_complete_key)
+IDEM_SQL_FUNCTION(release_key, idem::sql_functions::sql_release_key)
+IDEM_SQL_FUNCTION(checkpoint_key, idem::sql_functions::sql_checkpoint_key)
