@@ -17,7 +17,10 @@ OBJS        = src/pg_boundary.o \
               src/fingerprint.o \
               src/key_lock.o \
               src/key_wait.o \
+              src/route.o \
+              src/key_layout.o \
               src/key_heap.o \
+              src/key_heap_write.o \
               src/key_store.o \
               src/arguments.o \
               src/responses.o \

@@ -15,7 +15,9 @@
 // Everything else (re-claims, the two-phase pattern, release, checkpoint) and every table
 // whose definition needs the executor's machinery (triggers, row-level security, CHECK
 // constraints, expression or partial indexes, extra columns, Citus) goes through the
-// executor (key_store). The direct path checks the same privileges and read-only state.
+// executor (key_store). route.hpp decides which, and lists the executor's duties that the
+// direct path carries itself. The files: key_layout.cpp (what the table looks like),
+// key_heap.cpp (reads), key_heap_write.cpp (writes).
 #pragma once
 
 #include "key_row.hpp"
@@ -26,16 +28,6 @@ using key_store::ClaimValues;
 using key_store::KeyRow;
 using key_store::Outcome;
 using key_store::raise_committed_after_snapshot;
-
-// Citus keeps the rows in shards that only its planner routes to: there the local table is
-// an empty shell, and nothing here may be used.
-bool available();
-
-// May this call read and write the table directly at all? Not under Citus, and not when a
-// hook that the executor calls for every statement is set (ExecutorCheckPerms_hook:
-// sepgsql, pgaudit's object audit; object_access_hook): those must see every access, so the
-// executor makes them all. The table's shape decides the writes further (ExecutorReason).
-bool direct_path();
 
 // The row of (owner, scope, key) that this transaction sees: with the statement's snapshot,
 // or with a new one at READ COMMITTED when `latest` is set (a snapshot transaction always
@@ -81,8 +73,5 @@ std::optional<KeyRow> complete(Oid table, const key_store::RowAddress& where, te
                                text* key, const pg_uuid_t& token, text* owner,
                                const Outcome& outcome, TimestampTz now, TimestampTz expires_at,
                                MemoryContext context);
-
-// Registers the relcache callback that forgets a cached table layout when it changes.
-void on_load();
 
 }  // namespace idem::key_heap

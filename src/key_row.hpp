@@ -77,6 +77,73 @@ enum RowColumn {
   kRowResponseHeaders,
 };
 
+// ---------------------------------------------------------------------------------------
+// The columns of the table: the one list both paths use (the direct path finds each by its
+// name, the executor path's statements name them; the scripts create them).
+// ---------------------------------------------------------------------------------------
+
+enum Column {
+  kScope,
+  kKey,
+  kOwner,
+  kFingerprint,
+  kAttempts,
+  kTtl,
+  kLease,
+  kCreatedAt,
+  kExpiresAt,
+  kLeaseToken,
+  kLockedUntil,
+  kRecoveryPoint,
+  kStatus,
+  kResponseCode,
+  kUpdatedAt,
+  kResponse,
+  kResponseBody,
+  kResponseHeaders,
+  kColumnCount
+};
+// Each column as the scripts create it (1.0, and the response as sent added by 1.2). A NOT NULL
+// added to another column is a constraint the direct path would not check, so such a table goes to
+// the executor. The status column is the extension's enum, checked by its kind (type InvalidOid
+// here). `claim_writes`: the executor's INSERT of a claim lists the column, so a default of it is
+// never used; for the others the executor would fill in their default.
+struct ColumnSpec {
+  const char* name;
+  Oid type;
+  const char* type_name;
+  bool not_null;
+  bool claim_writes;
+};
+constexpr ColumnSpec kColumns[kColumnCount] = {
+    {"scope", TEXTOID, "text", true, true},
+    {"key", TEXTOID, "text", true, true},
+    {"owner", TEXTOID, "text", true, true},
+    {"fingerprint", BYTEAOID, "bytea", false, true},
+    {"attempts", INT4OID, "integer", true, true},
+    {"ttl", INTERVALOID, "interval", true, true},
+    {"lease", INTERVALOID, "interval", true, true},
+    {"created_at", TIMESTAMPTZOID, "timestamptz", true, true},
+    {"expires_at", TIMESTAMPTZOID, "timestamptz", true, true},
+    {"lease_token", UUIDOID, "uuid", false, true},
+    {"locked_until", TIMESTAMPTZOID, "timestamptz", false, true},
+    {"recovery_point", TEXTOID, "text", false, false},
+    {"status", InvalidOid, "key_status", true, true},
+    {"response_code", INT4OID, "integer", false, false},
+    {"updated_at", TIMESTAMPTZOID, "timestamptz", true, true},
+    {"response", JSONBOID, "jsonb", false, false},
+    {"response_body", BYTEAOID, "bytea", false, false},
+    {"response_headers", JSONBOID, "jsonb", false, false},
+};
+// The column behind each RowColumn (index 0 unused).
+constexpr Column kRowColumnSource[] = {kStatus,       kStatus,        kFingerprint,    kResponse,
+                                       kResponseCode, kRecoveryPoint, kLeaseToken,     kLockedUntil,
+                                       kAttempts,     kTtl,           kCreatedAt,      kExpiresAt,
+                                       kLease,        kResponseBody,  kResponseHeaders};
+static_assert(sizeof kRowColumnSource / sizeof kRowColumnSource[0] ==
+                  key_store::kRowResponseHeaders + 1,
+              "one source column per RowColumn");
+
 // The same bytes (a fingerprint, a body): equal lengths and contents.
 inline bool same_bytes(const bytea* a, const bytea* b) {
   return VARSIZE_ANY_EXHDR(a) == VARSIZE_ANY_EXHDR(b) &&

@@ -3,24 +3,26 @@
 #include "key_store.hpp"
 
 #include "key_heap.hpp"
+#include "route.hpp"
 #include "pg_boundary.hpp"
 
 namespace idem::key_store {
 namespace {
 
-// The columns of a KeyRow, in the order of RowColumn (key_row.hpp).
-constexpr const char* kRowColumns =
-    "status OPERATOR(pg_catalog.=) 'completed', fingerprint, response, response_code, "
-    "recovery_point, lease_token, locked_until, attempts, ttl, created_at, expires_at, lease, "
-    "response_body, response_headers";
-// The type of each column of kRowColumns: a result of another shape is refused before a
-// value of it is read (a statement re-planned against something else must never have its
-// values taken for ours).
-constexpr Oid kRowColumnTypes[] = {
-    BOOLOID, BYTEAOID,    JSONBOID,       INT4OID,        TEXTOID,     UUIDOID,  TIMESTAMPTZOID,
-    INT4OID, INTERVALOID, TIMESTAMPTZOID, TIMESTAMPTZOID, INTERVALOID, BYTEAOID, JSONBOID};
-static_assert(sizeof kRowColumnTypes / sizeof kRowColumnTypes[0] == kRowResponseHeaders,
-              "one type per RowColumn");
+// The select list of a KeyRow, in the order of RowColumn, made from the one column list
+// (key_row.hpp): the status as "completed?", then each column by its name.
+std::string row_columns() {
+  std::string list = "status OPERATOR(pg_catalog.=) 'completed'";
+  for (int number = kRowStatus + 1; number <= kRowResponseHeaders; ++number)
+    list += std::string(", ") + kColumns[kRowColumnSource[number]].name;
+  return list;
+}
+// The type of RowColumn `number` in that select list: a result of another shape is refused
+// before a value of it is read (a statement re-planned against something else must never have
+// its values taken for ours).
+constexpr Oid row_column_type(int number) {
+  return number == kRowStatus ? BOOLOID : kColumns[kRowColumnSource[number]].type;
+}
 // A key is (owner, scope, key), the owner being the claiming role's name: $1 scope, $2 key, and
 // the owner where each statement has it.
 constexpr const char* kWhereKey =
@@ -50,9 +52,10 @@ struct PlanSpec {
 };
 
 PlanSpec spec_of(PlanId id, const std::string& table) {
+  const std::string columns = row_columns();
   const std::string select =
-      std::string("SELECT ") + kRowColumns + " FROM " + table + " WHERE " + kWhereKey + kAndOwner3;
-  const std::string returning = std::string(" RETURNING ") + kRowColumns;
+      std::string("SELECT ") + columns + " FROM " + table + " WHERE " + kWhereKey + kAndOwner3;
+  const std::string returning = " RETURNING " + columns;
   const std::string fence = std::string(kWhereKey) + kWhereHolder;
   // Parameters of a claim: $1 scope, $2 key, $3 owner, $4 fingerprint, $5 ttl, $6 now,
   // $7 expires_at, $8 token, $9 locked_until, $10 lease.
@@ -173,10 +176,9 @@ uint64 run(PlanId id, Datum* values, const char* nulls, bool read_only, long lim
 KeyRow decode(uint64 index, MemoryContext context) {
   HeapTuple tuple = SPI_tuptable->vals[index];
   TupleDesc desc = SPI_tuptable->tupdesc;
-  constexpr int kColumns = sizeof kRowColumnTypes / sizeof kRowColumnTypes[0];
-  bool shaped = desc->natts == kColumns;
-  for (int i = 0; shaped && i < kColumns; ++i)
-    shaped = TupleDescAttr(desc, i)->atttypid == kRowColumnTypes[i];
+  bool shaped = desc->natts == kRowResponseHeaders;
+  for (int number = kRowStatus; shaped && number <= kRowResponseHeaders; ++number)
+    shaped = TupleDescAttr(desc, number - 1)->atttypid == row_column_type(number);
   if (!shaped)
     throw Error(ERRCODE_DATATYPE_MISMATCH,
                 "a statement on idempotency_keys returned columns of unexpected types", {},
@@ -256,7 +258,7 @@ void Session::finish() {
 std::optional<KeyRow> Session::peek(text* owner, text* scope, text* key, bool* absent,
                                     bool fresh_snapshot) {
   *absent = false;
-  if (!key_heap::direct_path() || !ActiveSnapshotSet()) {
+  if (!route::direct_path() || !ActiveSnapshotSet()) {
     // At READ COMMITTED every look takes a new snapshot, as the direct look decides an
     // undecided version with one.
     std::optional<KeyRow> row =
@@ -347,7 +349,7 @@ uint64 Session::execute_claim(int plan, text* scope, text* key, const ClaimValue
 Session::Insert Session::insert_unlocked(text* scope, text* key, const ClaimValues& claim,
                                          RowAddress* where, bool known_absent) {
   *where = kNowhere;
-  if (!key_heap::direct_path()) return Insert::kNeedsLock;
+  if (!route::direct_path()) return Insert::kNeedsLock;
   switch (key_heap::insert(table_, scope, key, claim, where, known_absent)) {
     case key_heap::InsertResult::kInserted:
       return Insert::kInserted;
@@ -380,7 +382,7 @@ KeyRow Session::reclaim(text* scope, text* key, const ClaimValues& claim) {
 std::optional<KeyRow> Session::complete(text* scope, text* key, const pg_uuid_t& token, text* owner,
                                         const Outcome& outcome, TimestampTz now,
                                         TimestampTz expires_at, const RowAddress& where) {
-  if (where.valid() && key_heap::direct_path()) {
+  if (where.valid() && route::direct_path()) {
     if (std::optional<KeyRow> row = key_heap::complete(table_, where, scope, key, token, owner,
                                                        outcome, now, expires_at, caller_context_))
       return row;

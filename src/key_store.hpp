@@ -34,7 +34,7 @@ class Session {
   void finish();
 
   // A look at a key before deciding: the row this transaction sees, read by a direct primary
-  // key probe where key_heap::direct_path() allows it, else by SPI (with a new snapshot when
+  // key probe where route::direct_path() allows it, else by SPI (with a new snapshot when
   // `fresh_snapshot`, as a look after waiting needs). `*absent` is set when no version of the
   // key is live for anyone, so that insert_unlocked() need not look again. Raises 40001 under
   // REPEATABLE READ and SERIALIZABLE where a version committed after the snapshot would

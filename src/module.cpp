@@ -5,7 +5,7 @@
 #include "cleanup_shared.hpp"
 #include "cleanup_worker.hpp"
 #include "gucs.hpp"
-#include "key_heap.hpp"
+#include "key_layout.hpp"
 #include "key_store.hpp"
 #include "key_wait.hpp"
 #include "pg_boundary.hpp"
@@ -19,7 +19,7 @@ void _PG_init(void) {
   idem::gucs::define();
   idem::claim_result::on_load();
   idem::own_claims::on_load();
-  idem::key_heap::on_load();
+  idem::key_layout::on_load();
   idem::key_store::on_load();
   idem::citus_guard::install_if_citus();
   idem::key_wait::on_load();

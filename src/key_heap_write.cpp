@@ -1,0 +1,314 @@
+// The writes of the direct path: a new claim inserted speculatively, the completion of a
+// claim this transaction made (see key_heap.hpp).
+#include "key_heap.hpp"
+
+#include "key_heap_scan.hpp"
+#include "key_layout.hpp"
+
+namespace idem::key_heap {
+namespace {
+
+using key_layout::kMaxAttributes;
+using key_layout::kMaxIndexes;
+using namespace key_store;  // NOLINT(google-build-using-namespace): the column names
+
+// The table and its indexes, open for one write.
+struct Writer {
+  Relation table = nullptr;
+  int index_count = 0;
+  Relation indexes[kMaxIndexes] = {};
+};
+
+// pg-frame: runs inside pg_call only (owns no C++ object).
+void close_writer(Writer& writer) {
+  for (int i = 0; i < writer.index_count; ++i) index_close(writer.indexes[i], NoLock);
+  if (writer.table != nullptr) table_close(writer.table, NoLock);
+  writer = Writer{};
+}
+
+// Opens the table for `command`; false when the executor must do the write (the table
+// needs its machinery, or a privilege is missing: the executor then reports it). The
+// indexes are opened by open_indexes, when the write needs them.
+bool open_writer(Writer& writer, Oid table, AclMode privileges, const char* command) {
+  pg_call([&] {
+    PreventCommandIfReadOnly(command);
+    PreventCommandIfParallelMode(command);
+    writer.table = table_open(table, RowExclusiveLock);
+  });
+  (void)key_layout::of(writer.table);
+  // Table work always runs as the extension owner (caller::ActingAsOwner), so GetUserId()
+  // is that owner here: the check matters only if a superuser revoked the owner's own rights,
+  // and then the executor reports the refusal.
+  bool direct = pg_call([&] {
+    return route::write_reason(writer.table) == route::ExecutorReason::kNone &&
+           pg_class_aclmask(table, GetUserId(), privileges, ACLMASK_ALL) == privileges;
+  });
+  if (!direct) pg_call([&] { close_writer(writer); });
+  return direct;
+}
+
+// pg-frame: runs inside pg_call only (owns no C++ object).
+void open_indexes(Writer& writer) {
+  for (int i = writer.index_count; i < key_layout::current().index_count; ++i)
+    writer.indexes[writer.index_count++] =
+        index_open(key_layout::current().index_oids[i], RowExclusiveLock);
+}
+
+Relation primary_key_of(const Writer& writer) {
+  for (int i = 0; i < writer.index_count; ++i)
+    if (RelationGetRelid(writer.indexes[i]) == key_layout::current().primary_key)
+      return writer.indexes[i];
+  return nullptr;
+}
+
+// Adds the index entries of the heap tuple at `tid` (whose columns are values / nulls),
+// as the executor would: unique indexes check uniqueness. For an update, `changed` has bit
+// attnum - 1 set for each column that changed: an index over none of them gets the
+// "unchanged" hint that lets B-Tree delete the older versions' entries bottom-up.
+// `indexes` chooses the primary key only, every other index, or all of them; the primary
+// key checks uniqueness with `primary_key_check`. Returns what the primary key's
+// index_insert returned (true when it was not among `indexes`): with UNIQUE_CHECK_PARTIAL,
+// false means another live version of the key may exist, and nothing waited for it.
+enum class Indexes { kAll, kPrimaryKey, kOthers };
+// pg-frame: runs inside pg_call only (owns no C++ object).
+bool insert_index_entries(Writer& writer, Datum* values, bool* nulls, ItemPointer tid,
+                          std::optional<uint64> changed, Indexes indexes = Indexes::kAll,
+                          IndexUniqueCheck primary_key_check = UNIQUE_CHECK_YES) {
+  bool unique = true;
+  for (int i = 0; i < writer.index_count; ++i) {
+    Relation index = writer.indexes[i];
+    const bool is_primary_key = RelationGetRelid(index) == key_layout::current().primary_key;
+    if ((indexes == Indexes::kPrimaryKey && !is_primary_key) ||
+        (indexes == Indexes::kOthers && is_primary_key))
+      continue;
+    IndexInfo* info = key_layout::current().index_info[i];
+    if (!index->rd_index->indisready) continue;  // being built concurrently
+    Datum key_values[INDEX_MAX_KEYS];
+    bool key_nulls[INDEX_MAX_KEYS];
+    uint64 columns = 0;
+    for (int k = 0; k < info->ii_NumIndexAttrs; ++k) {
+      AttrNumber attnum = info->ii_IndexAttrNumbers[k];
+      key_values[k] = values[attnum - 1];
+      key_nulls[k] = nulls[attnum - 1];
+      columns |= uint64{1} << (attnum - 1);
+    }
+    bool unchanged = changed && (columns & *changed) == 0;
+    IndexUniqueCheck check = !index->rd_index->indisunique ? UNIQUE_CHECK_NO
+                             : is_primary_key              ? primary_key_check
+                                                           : UNIQUE_CHECK_YES;
+    bool result =
+        index_insert(index, key_values, key_nulls, tid, writer.table, check, unchanged, info);
+    if (is_primary_key && check == UNIQUE_CHECK_PARTIAL) unique = result;
+  }
+  return unique;
+}
+
+// The table's current file (its relfilenode).
+Oid file_of(Relation table) {
+#if PG_VERSION_NUM >= 160000
+  return table->rd_locator.relNumber;
+#else
+  return table->rd_node.relNode;
+#endif
+}
+
+// Did this transaction create the table's current file? Only such a file is truncated in
+// place by a TRUNCATE (and counting its blocks costs a system call, so only then).
+bool file_is_new(Relation table) {
+#if PG_VERSION_NUM >= 160000
+  return table->rd_createSubid != InvalidSubTransactionId ||
+         table->rd_firstRelfilelocatorSubid != InvalidSubTransactionId;
+#else
+  return table->rd_createSubid != InvalidSubTransactionId ||
+         table->rd_firstRelfilenodeSubid != InvalidSubTransactionId;
+#endif
+}
+
+// pg-frame: runs inside pg_call only (owns no C++ object).
+bool same_text(Datum stored, const text* given) {
+  struct varlena* value = pg_detoast_datum_packed(reinterpret_cast<struct varlena*>(stored));
+  return VARSIZE_ANY_EXHDR(value) == VARSIZE_ANY_EXHDR(given) &&
+         memcmp(VARDATA_ANY(value), VARDATA_ANY(given), VARSIZE_ANY_EXHDR(given)) == 0;
+}
+
+// What a dirty snapshot finds in the primary key for (owner, scope, key).
+enum class Found { kNothing, kRow, kOpenClaim };
+
+// Probes with a dirty snapshot: committed versions and those of transactions still open.
+// A version that another open transaction inserted is a claim in flight (kOpenClaim); any
+// other live version (committed, this transaction's own, or one that an open transaction
+// is deleting or updating) is a row for the caller to decide from again (kRow).
+// pg-frame: runs inside pg_call only (owns no C++ object).
+Found probe_dirty(Writer& writer, text* owner, text* scope, text* key) {
+  TupleTableSlot* slot = table_slot_create(writer.table, nullptr);
+  SnapshotData dirty;
+  InitDirtySnapshot(dirty);
+  bool exists = probe(writer.table, primary_key_of(writer), &dirty, owner, scope, key, slot);
+  // The inserter of the version found, when its transaction is still open (never ours:
+  // the dirty snapshot leaves xmin unset for this transaction's own versions).
+  const bool open_insert = exists && TransactionIdIsValid(dirty.xmin);
+  bool conflict = exists && !open_insert && serialization_conflict(writer.table, slot);
+  ExecDropSingleTupleTableSlot(slot);
+  if (conflict) raise_committed_after_snapshot(key);
+  if (open_insert) return Found::kOpenClaim;
+  return exists ? Found::kRow : Found::kNothing;
+}
+
+}  // namespace
+
+InsertResult insert(Oid table, text* scope, text* key, const ClaimValues& claim,
+                    key_store::RowAddress* where, bool known_absent) {
+  Writer writer;
+  if (!open_writer(writer, table, ACL_INSERT, "INSERT")) return InsertResult::kNeedsExecutor;
+  // No per-key lock: the primary key is the arbiter (docs/design-batch.md, "Claims without
+  // per-key locks"). A version of the key that a dirty snapshot sees answers at once; else
+  // the row is inserted speculatively, as INSERT .. ON CONFLICT does, and the primary key's
+  // entry added with a partial unique check, which never waits. Of concurrent inserters of
+  // one key the first to add its entry wins: every later one finds that entry live, takes
+  // its own tuple back (a super-delete, which makes it dead to everyone at once) and
+  // answers from the winner's version.
+  InsertResult result = pg_call([&] {
+    open_indexes(writer);
+    switch (known_absent ? Found::kNothing : probe_dirty(writer, claim.owner, scope, key)) {
+      case Found::kOpenClaim:
+        return InsertResult::kBusy;
+      case Found::kRow:
+        return InsertResult::kExists;
+      case Found::kNothing:
+        break;
+    }
+
+    Datum values[kMaxAttributes];
+    bool nulls[kMaxAttributes];
+    for (bool& null : nulls) null = true;
+    auto set = [&](Column column, Datum value) {
+      values[key_layout::current().attnum[column] - 1] = value;
+      nulls[key_layout::current().attnum[column] - 1] = false;
+    };
+    set(kScope, PointerGetDatum(scope));
+    set(kKey, PointerGetDatum(key));
+    set(kOwner, PointerGetDatum(claim.owner));
+    if (claim.fingerprint != nullptr) set(kFingerprint, PointerGetDatum(claim.fingerprint));
+    set(kAttempts, Int32GetDatum(1));
+    set(kTtl, IntervalPGetDatum(&claim.ttl));
+    set(kLease, IntervalPGetDatum(&claim.lease));
+    set(kCreatedAt, TimestampTzGetDatum(claim.now));
+    set(kExpiresAt, TimestampTzGetDatum(claim.expires_at));
+    set(kLeaseToken, UUIDPGetDatum(&claim.token));
+    set(kLockedUntil, TimestampTzGetDatum(claim.locked_until));
+    set(kStatus, ObjectIdGetDatum(key_layout::current().processing_label));
+    set(kUpdatedAt, TimestampTzGetDatum(claim.now));
+    HeapTuple tuple = heap_form_tuple(RelationGetDescr(writer.table), values, nulls);
+    // The speculative-insertion lock is held only between the insert and its confirmation
+    // or super-delete (one lock-manager entry at a time, never one per claim kept): whoever
+    // meets the tuple meanwhile waits on it (SpeculativeInsertionWait), not on this
+    // transaction.
+    const TransactionId xid = GetCurrentTransactionId();
+    const uint32 token = SpeculativeInsertionLockAcquire(xid);
+    HeapTupleHeaderSetSpeculativeToken(tuple->t_data, token);
+    heap_insert(writer.table, tuple, GetCurrentCommandId(true), HEAP_INSERT_SPECULATIVE, nullptr);
+    if (!insert_index_entries(writer, values, nulls, &tuple->t_self, std::nullopt,
+                              Indexes::kPrimaryKey, UNIQUE_CHECK_PARTIAL)) {
+      // Another version of the key got its entry in first: take ours back and answer from
+      // theirs (an open claim: in_progress; else the caller decides again).
+      heap_abort_speculative(writer.table, &tuple->t_self);
+      SpeculativeInsertionLockRelease(xid);
+      heap_freetuple(tuple);
+      return probe_dirty(writer, claim.owner, scope, key) == Found::kOpenClaim
+                 ? InsertResult::kBusy
+                 : InsertResult::kExists;
+    }
+    insert_index_entries(writer, values, nulls, &tuple->t_self, std::nullopt, Indexes::kOthers);
+    heap_finish_speculative(writer.table, &tuple->t_self);
+    SpeculativeInsertionLockRelease(xid);
+    *where = {tuple->t_self, file_of(writer.table)};
+    heap_freetuple(tuple);
+    // Later statements of this call (a completion in the same SQL statement) see the row.
+    CommandCounterIncrement();
+    return InsertResult::kInserted;
+  });
+  pg_call([&] { close_writer(writer); });
+  return result;
+}
+
+std::optional<KeyRow> complete(Oid table, const key_store::RowAddress& where, text* scope,
+                               text* key, const pg_uuid_t& token, text* owner,
+                               const Outcome& outcome, TimestampTz now, TimestampTz expires_at,
+                               MemoryContext context) {
+  Writer writer;
+  if (!open_writer(writer, table, ACL_UPDATE | ACL_SELECT, "UPDATE")) return std::nullopt;
+  // The new row's columns; varlenas point into the new tuple (palloc'd, so they stay).
+  Datum values[kMaxAttributes];
+  bool nulls[kMaxAttributes];
+  bool updated = pg_call([&] {
+    CheckCmdReplicaIdentity(writer.table, CMD_UPDATE);
+    TupleDesc desc = RelationGetDescr(writer.table);
+    if (where.file != file_of(writer.table)) return false;  // truncated or rewritten since
+    // A TRUNCATE of a file created in this same transaction (by an earlier TRUNCATE, a
+    // CLUSTER or CREATE EXTENSION) empties that file in place: the TID may point past its end.
+    if (file_is_new(writer.table) &&
+        ItemPointerGetBlockNumber(&where.tid) >= RelationGetNumberOfBlocks(writer.table))
+      return false;
+    HeapTupleData old;
+    old.t_self = where.tid;
+    Buffer buffer = InvalidBuffer;
+    // SnapshotSelf: the version this transaction sees now; an updated or deleted one is not.
+    if (!heap_fetch(writer.table, SnapshotSelf, &old, &buffer, false)) return false;
+    heap_deform_tuple(&old, desc, values, nulls);
+    auto at = [](Column column) { return key_layout::current().attnum[column] - 1; };
+    bool holds = !nulls[at(kLeaseToken)] &&
+                 memcmp(DatumGetUUIDP(values[at(kLeaseToken)])->data, token.data, UUID_LEN) == 0 &&
+                 same_text(values[at(kOwner)], owner) &&
+                 DatumGetObjectId(values[at(kStatus)]) == key_layout::current().processing_label &&
+                 DatumGetTimestampTz(values[at(kExpiresAt)]) > now &&
+                 same_text(values[at(kScope)], scope) && same_text(values[at(kKey)], key);
+    if (!holds) {
+      ReleaseBuffer(buffer);
+      return false;
+    }
+    uint64 changed = 0;
+    for (Column column :
+         {kStatus, kResponseCode, kUpdatedAt, kResponse, kResponseBody, kResponseHeaders})
+      changed |= uint64{1} << at(column);
+    if (DatumGetTimestampTz(values[at(kExpiresAt)]) != expires_at)
+      changed |= uint64{1} << at(kExpiresAt);
+    values[at(kStatus)] = ObjectIdGetDatum(key_layout::current().completed_label);
+    values[at(kResponseCode)] = Int32GetDatum(outcome.response_code.value_or(0));
+    nulls[at(kResponseCode)] = !outcome.response_code;
+    values[at(kUpdatedAt)] = TimestampTzGetDatum(now);
+    values[at(kResponse)] = PointerGetDatum(outcome.response);
+    nulls[at(kResponse)] = outcome.response == nullptr;
+    values[at(kResponseBody)] = PointerGetDatum(outcome.response_body);
+    nulls[at(kResponseBody)] = outcome.response_body == nullptr;
+    values[at(kResponseHeaders)] = PointerGetDatum(outcome.response_headers);
+    nulls[at(kResponseHeaders)] = outcome.response_headers == nullptr;
+    values[at(kExpiresAt)] = TimestampTzGetDatum(expires_at);
+    // The pin kept the old tuple's bytes in place until they are copied here.
+    HeapTuple tuple = heap_form_tuple(desc, values, nulls);
+    ReleaseBuffer(buffer);
+    // The direct path has only B-Tree indexes, none summarizing: all or none get entries.
+#if PG_VERSION_NUM >= 160000
+    TU_UpdateIndexes update_indexes = TU_All;
+    simple_heap_update(writer.table, &old.t_self, tuple, &update_indexes);
+    bool new_entries = update_indexes != TU_None;
+#else
+    simple_heap_update(writer.table, &old.t_self, tuple);
+    bool new_entries = !HeapTupleIsHeapOnly(tuple);
+#endif
+    heap_deform_tuple(tuple, desc, values, nulls);
+    if (new_entries) {
+      // A HOT update needs no index entry; this transaction's insert of the row already
+      // holds the indexes' locks.
+      open_indexes(writer);
+      insert_index_entries(writer, values, nulls, &tuple->t_self, changed);
+    }
+    CommandCounterIncrement();
+    return true;
+  });
+  std::optional<KeyRow> row;
+  if (updated) row = key_layout::decode_values(values, nulls, context);
+  pg_call([&] { close_writer(writer); });
+  return row;
+}
+
+}  // namespace idem::key_heap

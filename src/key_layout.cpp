@@ -1,0 +1,203 @@
+// The key table's layout, as the direct path uses it (key_layout.hpp).
+#include "key_layout.hpp"
+
+namespace idem::key_layout {
+namespace {
+
+using namespace key_store;  // NOLINT(google-build-using-namespace): the column names
+
+Layout layout;
+
+// Counts relcache invalidations: one that arrives while a layout is being read (the first
+// lock on an index processes pending messages) makes the reading start over, so a layout
+// never misses an index created meanwhile.
+uint64 invalidations = 0;
+
+void forget_layout(Datum, Oid relation) {
+  ++invalidations;
+  if (relation == InvalidOid || relation == layout.table) layout.table = InvalidOid;
+  for (int i = 0; i < layout.index_count; ++i)
+    if (layout.index_oids[i] == relation) layout.table = InvalidOid;
+}
+
+// ALTER TYPE ... RENAME VALUE keeps a label's OID and changes its name: the cached OIDs of
+// 'processing' and 'completed' must be looked up again (and refused if they are gone).
+void forget_labels(Datum, SyscacheId, uint32) {
+  ++invalidations;
+  layout.table = InvalidOid;
+}
+
+// What makes the table unusable by this version (the executor path would misread it too).
+enum class LayoutProblem { kNone, kMissingColumn, kColumnType, kLabel, kPrimaryKey, kOldVersion };
+constexpr const char* kStatusLabels[] = {"processing", "completed"};
+struct LayoutCheck {
+  LayoutProblem problem = LayoutProblem::kNone;
+  int column = 0;
+};
+
+// The key's identity since 1.2: (key, scope, owner), all compared bytewise. The key comes
+// first so that descents compare mostly keys, read at a fixed offset; the owner is the
+// role's name, so that a key names its role wherever its row moves.
+bool is_our_primary_key(Relation index, const Layout& l) {
+  const Form_pg_index form = index->rd_index;
+  return form->indisprimary && form->indnkeyatts == 3 && form->indkey.values[0] == l.attnum[kKey] &&
+         form->indkey.values[1] == l.attnum[kScope] && form->indkey.values[2] == l.attnum[kOwner] &&
+         index->rd_indcollation[0] == C_COLLATION_OID &&
+         index->rd_indcollation[1] == C_COLLATION_OID &&
+         index->rd_indcollation[2] == C_COLLATION_OID;
+}
+
+// Fills `l` from the open table.
+// pg-frame: runs inside pg_call only (owns no C++ object).
+LayoutCheck read_layout(Relation table, Layout& l) {
+  TupleDesc desc = RelationGetDescr(table);
+  auto needs = [&](route::ExecutorReason reason) {
+    if (l.executor_reason == route::ExecutorReason::kNone) l.executor_reason = reason;
+  };
+  if (table->rd_rel->relkind != RELKIND_RELATION || table->rd_rel->relam != HEAP_TABLE_AM_OID ||
+      desc->natts > kMaxAttributes)
+    needs(route::ExecutorReason::kNotHeapTable);
+  for (int i = 0; i < desc->natts; ++i) {
+    Form_pg_attribute attribute = TupleDescAttr(desc, i);
+    if (attribute->attisdropped) continue;
+    int column = 0;
+    while (column < kColumnCount && strcmp(NameStr(attribute->attname), kColumns[column].name) != 0)
+      ++column;
+    if (column == kColumnCount) {
+      needs(route::ExecutorReason::kUserColumn);
+      continue;
+    }
+    l.attnum[column] = attribute->attnum;
+    bool right_type = column == kStatus ? get_typtype(attribute->atttypid) == TYPTYPE_ENUM
+                                        : attribute->atttypid == kColumns[column].type;
+    // 1.0 and 1.1 stored the owner as a regrole (an OID, which names another role or none
+    // after the row moves to another node or cluster).
+    if (column == kOwner && attribute->atttypid == REGROLEOID)
+      return {LayoutProblem::kOldVersion, column};
+    if (!right_type) return {LayoutProblem::kColumnType, column};
+    if (attribute->atttypmod != -1) needs(route::ExecutorReason::kTypmod);
+    if (attribute->attnotnull && !kColumns[column].not_null)
+      needs(route::ExecutorReason::kExtraNotNull);
+    if (attribute->atthasdef && !kColumns[column].claim_writes)
+      needs(route::ExecutorReason::kDefault);
+    if (attribute->attidentity != '\0' || attribute->attgenerated != '\0')
+      needs(route::ExecutorReason::kIdentityGenerated);
+  }
+  for (int column = 0; column < kColumnCount; ++column)
+    if (l.attnum[column] == InvalidAttrNumber) return {LayoutProblem::kMissingColumn, column};
+  Oid status_type = TupleDescAttr(desc, l.attnum[kStatus] - 1)->atttypid;
+  Oid* label_oids[] = {&l.processing_label, &l.completed_label};
+  for (int i = 0; i < 2; ++i) {
+    *label_oids[i] =
+        GetSysCacheOid2(ENUMTYPOIDNAME, Anum_pg_enum_oid, ObjectIdGetDatum(status_type),
+                        CStringGetDatum(kStatusLabels[i]));
+    if (!OidIsValid(*label_oids[i])) return {LayoutProblem::kLabel, i};
+  }
+  List* indexes = RelationGetIndexList(table);
+  if (list_length(indexes) > kMaxIndexes) needs(route::ExecutorReason::kIndexKind);
+  ListCell* cell = nullptr;
+  foreach (cell, indexes) {
+    Relation index = index_open(lfirst_oid(cell), AccessShareLock);
+    if (is_our_primary_key(index, l)) l.primary_key = RelationGetRelid(index);
+    if (l.index_count < kMaxIndexes) {
+      MemoryContext old = MemoryContextSwitchTo(l.memory);
+      IndexInfo* info = BuildIndexInfo(index);
+      MemoryContextSwitchTo(old);
+      // Only plain B-Tree indexes: other access methods keep per-index state across
+      // inserts (ii_AmCache) that the executor cleans up and we would not.
+      if (index->rd_rel->relam != BTREE_AM_OID || info->ii_Expressions != NIL ||
+          info->ii_Predicate != NIL || info->ii_ExclusionOps != nullptr ||
+          (index->rd_index->indisunique && !index->rd_index->indimmediate))
+        needs(route::ExecutorReason::kIndexKind);
+      // The direct path probes the primary key only; the executor would check every unique
+      // index (and use one on the same columns as an arbiter). An invalid one (the leftover of
+      // a cancelled CREATE INDEX or REINDEX CONCURRENTLY) is no arbiter for the executor
+      // either: it gets its entries, with a plain unique check, when it is ready for inserts.
+      if (index->rd_index->indisunique && index->rd_index->indisvalid &&
+          !is_our_primary_key(index, l))
+        needs(route::ExecutorReason::kOtherUniqueIndex);
+      l.index_oids[l.index_count] = RelationGetRelid(index);
+      l.index_info[l.index_count++] = info;
+    }
+    index_close(index, NoLock);
+  }
+  list_free(indexes);
+  if (!OidIsValid(l.primary_key)) return {LayoutProblem::kPrimaryKey, 0};
+  return {};
+}
+
+void load_layout(Relation table) {
+  LayoutCheck check;
+  for (uint64 seen = invalidations - 1; seen != invalidations;) {
+    seen = invalidations;
+    check = pg_call([&] {
+      layout.table = InvalidOid;
+      if (layout.memory == nullptr)
+        layout.memory = AllocSetContextCreate(TopMemoryContext, "idempotency table layout",
+                                              ALLOCSET_SMALL_SIZES);
+      else
+        MemoryContextReset(layout.memory);
+      Layout loaded;
+      loaded.memory = layout.memory;
+      LayoutCheck result = read_layout(table, loaded);
+      layout = loaded;
+      return result;
+    });
+  }
+  const std::string column = kColumns[check.column].name;
+  switch (check.problem) {
+    case LayoutProblem::kMissingColumn:
+      throw Error(ERRCODE_UNDEFINED_COLUMN, "idempotency_keys lacks column \"" + column + "\"");
+    case LayoutProblem::kColumnType:
+      throw Error(ERRCODE_DATATYPE_MISMATCH, "column \"" + column +
+                                                 "\" of idempotency_keys is not of type " +
+                                                 kColumns[check.column].type_name);
+    case LayoutProblem::kLabel:
+      throw Error(ERRCODE_UNDEFINED_OBJECT,
+                  std::string("key_status has no label \"") + kStatusLabels[check.column] + "\"");
+    case LayoutProblem::kPrimaryKey:
+      throw Error(ERRCODE_UNDEFINED_OBJECT,
+                  "idempotency_keys lacks its primary key (key, scope, owner) with collation \"C\"",
+                  {},
+                  "A table made by an older version needs: ALTER EXTENSION idempotency UPDATE.");
+    case LayoutProblem::kOldVersion:
+      throw Error(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE,
+                  "idempotency_keys was made by idempotency 1.1 or older",
+                  "This library needs the 1.2 table, whose owner column holds the role's name.",
+                  "Run ALTER EXTENSION idempotency UPDATE in this database.");
+    case LayoutProblem::kNone:
+      break;
+  }
+  layout.table = RelationGetRelid(table);
+}
+
+}  // namespace
+
+const Layout& of(Relation table) {
+  if (layout.table != RelationGetRelid(table)) load_layout(table);
+  return layout;
+}
+
+const Layout& current() {
+  return layout;
+}
+
+// A KeyRow from the columns of a row of the table, copied into `context`.
+key_store::KeyRow decode_values(const Datum* values, const bool* nulls, MemoryContext context) {
+  auto column = [&](int number, bool* is_null) {
+    int index = layout.attnum[kRowColumnSource[number]] - 1;
+    *is_null = nulls[index];
+    return values[index];
+  };
+  bool is_null = false;
+  return key_store::decode_columns(
+      column, DatumGetObjectId(column(key_store::kRowStatus, &is_null)) == layout.completed_label,
+      context);
+}
+
+void on_load() {
+  CacheRegisterRelcacheCallback(forget_layout, 0);
+  CacheRegisterSyscacheCallback(ENUMOID, forget_labels, 0);
+}
+
+}  // namespace idem::key_layout

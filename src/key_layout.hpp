@@ -1,0 +1,49 @@
+// What the direct path knows about the key table: where each column is, the primary key,
+// the indexes to maintain, the status labels, and why the table's shape would send writes to
+// the executor. Loaded once per backend, forgotten by relcache and syscache callbacks
+// whenever the table, one of its indexes or the labels change.
+#pragma once
+
+#include "key_row.hpp"
+#include "route.hpp"
+
+namespace idem::key_layout {
+
+using key_store::Column;
+using key_store::kColumnCount;
+
+// (which a database owner may run) leaves a copy of each index behind, and such leftovers must
+// not push every claim onto the executor path.
+constexpr int kMaxIndexes = 32;
+constexpr int kMaxAttributes = 64;  // live and dropped columns of the table
+
+// What the direct path needs to know about the table (see above).
+struct Layout {
+  Oid table = InvalidOid;          // InvalidOid: not loaded
+  MemoryContext memory = nullptr;  // holds index_info
+  Oid primary_key = InvalidOid;
+  AttrNumber attnum[kColumnCount] = {};
+  Oid processing_label = InvalidOid;
+  Oid completed_label = InvalidOid;
+  // Why writes need the executor whatever the call (kNone: they do not).
+  route::ExecutorReason executor_reason = route::ExecutorReason::kNone;
+  int index_count = 0;
+  Oid index_oids[kMaxIndexes] = {};
+  IndexInfo* index_info[kMaxIndexes] = {};
+};
+
+// The layout of `table` (open and locked), loaded when it is not the one cached; refuses a
+// table this version cannot use (a missing column, a wrong type, no primary key on (key,
+// scope, owner), a 1.1 table: 55000).
+const Layout& of(Relation table);
+// The layout last loaded (valid after of() in the same call).
+const Layout& current();
+
+// A KeyRow from the columns of a row of the table (values / nulls by attribute number - 1),
+// copied into `context`.
+key_store::KeyRow decode_values(const Datum* values, const bool* nulls, MemoryContext context);
+
+// Registers the callbacks that forget the cached layout; called from _PG_init.
+void on_load();
+
+}  // namespace idem::key_layout
