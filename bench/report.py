@@ -23,6 +23,8 @@ LABELS = {
     "pl_inbox": "PL/pgSQL claim+complete (1 stmt)",
     "inbox_tx": "claim_key+complete_key (BEGIN..COMMIT)",
     "pl_inbox_tx": "PL/pgSQL claim+complete (BEGIN..COMMIT)",
+    "floor_pair_txn": "bare INSERT ON CONFLICT + UPDATE by primary key (one transaction)",
+    "inbox_txn": "claim_key, complete_key (two statements, one transaction)",
     "pk_select": "primary-key SELECT (read ceiling)",
     "replay": "claim_key replay",
     "mismatch": "claim_key mismatch",
@@ -256,6 +258,8 @@ def instructions(args):
         floor = rows.get("floor_rand" if name.endswith("_rand") else "floor_v7")
         if name in ("pk_select", "replay", "mismatch", "in_progress", "pl_replay"):
             floor = rows.get("pk_select")
+        if name == "inbox_txn":  # claim + complete in one transaction: the same two writes by hand
+            floor = rows.get("floor_pair_txn", floor)
         if name.endswith("_100"):  # batches of 100 keys in one call: the batched floors
             floor = rows.get("pk_select_100" if "select" in name or "replay" in name else "floor_rand_100")
         versus = "%.2fx" % (count / rows[rival[name]]) if name in rival and rival[name] in rows else ""

@@ -274,6 +274,11 @@ instructions_of() {
     if [[ -n $prefix ]]; then
       echo "PREPARE p(text) AS $statement;"
       for ((i = 0; i < n; i++)); do echo "EXECUTE p('$prefix$((RANDOM * 32768 % NKEYS + RANDOM % NKEYS % 3 + 1))');"; done
+    elif [[ $statement == *' ;; '* ]]; then
+      # Two statements, one transaction: a line of two statements is one implicit transaction.
+      echo "PREPARE p AS ${statement%% ;; *};"
+      echo "PREPARE q AS ${statement#* ;; };"
+      for ((i = 0; i < n; i++)); do echo "EXECUTE p; EXECUTE q;"; done
     else
       echo "PREPARE p AS $statement;"
       for ((i = 0; i < n; i++)); do echo "EXECUTE p;"; done

@@ -154,6 +154,76 @@ Found probe_dirty(Writer& writer, text* owner, text* scope, text* key) {
   return exists ? Found::kRow : Found::kNothing;
 }
 
+// The columns of a new claim of (claim.owner, scope, key), by attribute number - 1: what the
+// executor path's INSERT of a claim (key_store.cpp, kInsert) writes; the columns it leaves
+// out are NULL (the layout check sends a table with a default on one of them to the
+// executor).
+void new_claim_values(const ClaimValues& claim, text* scope, text* key, Datum* values,
+                      bool* nulls) {
+  const key_layout::Layout& layout = key_layout::current();
+  for (int i = 0; i < kMaxAttributes; ++i) nulls[i] = true;
+  auto set = [&](Column column, Datum value) {
+    values[layout.attnum[column] - 1] = value;
+    nulls[layout.attnum[column] - 1] = false;
+  };
+  set(kScope, PointerGetDatum(scope));
+  set(kKey, PointerGetDatum(key));
+  set(kOwner, PointerGetDatum(claim.owner));
+  if (claim.fingerprint != nullptr) set(kFingerprint, PointerGetDatum(claim.fingerprint));
+  set(kAttempts, Int32GetDatum(1));
+  set(kTtl, IntervalPGetDatum(&claim.ttl));
+  set(kLease, IntervalPGetDatum(&claim.lease));
+  set(kCreatedAt, TimestampTzGetDatum(claim.now));
+  set(kExpiresAt, TimestampTzGetDatum(claim.expires_at));
+  set(kLeaseToken, UUIDPGetDatum(&claim.token));
+  set(kLockedUntil, TimestampTzGetDatum(claim.locked_until));
+  set(kStatus, ObjectIdGetDatum(layout.processing_label));
+  set(kUpdatedAt, TimestampTzGetDatum(claim.now));
+}
+
+// The fence of a completion, on the columns of the row at the claim's address: `token`
+// holds a live processing row of (owner, scope, key). The executor path's statements state
+// the same condition in SQL (key_store.cpp, kWhereHolder).
+// pg-frame: runs inside pg_call only (owns no C++ object).
+bool holds(const Datum* values, const bool* nulls, const pg_uuid_t& token, text* owner, text* scope,
+           text* key, TimestampTz now) {
+  const key_layout::Layout& layout = key_layout::current();
+  auto at = [&](Column column) { return layout.attnum[column] - 1; };
+  return !nulls[at(kLeaseToken)] &&
+         memcmp(DatumGetUUIDP(values[at(kLeaseToken)])->data, token.data, UUID_LEN) == 0 &&
+         same_text(values[at(kOwner)], owner) &&
+         DatumGetObjectId(values[at(kStatus)]) == layout.processing_label &&
+         DatumGetTimestampTz(values[at(kExpiresAt)]) > now &&
+         same_text(values[at(kScope)], scope) && same_text(values[at(kKey)], key);
+}
+
+// The columns of a completion, written over those of the claim: what the executor path's
+// UPDATE (key_store.cpp, kComplete) sets. Returns the columns that change, as a bit per
+// attribute number - 1 (for the indexes' "unchanged" hint).
+uint64 completion_values(const Outcome& outcome, TimestampTz now, TimestampTz expires_at,
+                         Datum* values, bool* nulls) {
+  const key_layout::Layout& layout = key_layout::current();
+  auto at = [&](Column column) { return layout.attnum[column] - 1; };
+  uint64 changed = 0;
+  for (Column column :
+       {kStatus, kResponseCode, kUpdatedAt, kResponse, kResponseBody, kResponseHeaders})
+    changed |= uint64{1} << at(column);
+  if (DatumGetTimestampTz(values[at(kExpiresAt)]) != expires_at)
+    changed |= uint64{1} << at(kExpiresAt);
+  values[at(kStatus)] = ObjectIdGetDatum(layout.completed_label);
+  values[at(kResponseCode)] = Int32GetDatum(outcome.response_code.value_or(0));
+  nulls[at(kResponseCode)] = !outcome.response_code;
+  values[at(kUpdatedAt)] = TimestampTzGetDatum(now);
+  values[at(kResponse)] = PointerGetDatum(outcome.response);
+  nulls[at(kResponse)] = outcome.response == nullptr;
+  values[at(kResponseBody)] = PointerGetDatum(outcome.response_body);
+  nulls[at(kResponseBody)] = outcome.response_body == nullptr;
+  values[at(kResponseHeaders)] = PointerGetDatum(outcome.response_headers);
+  nulls[at(kResponseHeaders)] = outcome.response_headers == nullptr;
+  values[at(kExpiresAt)] = TimestampTzGetDatum(expires_at);
+  return changed;
+}
+
 }  // namespace
 
 InsertResult insert(Oid table, text* scope, text* key, const ClaimValues& claim,
@@ -180,24 +250,7 @@ InsertResult insert(Oid table, text* scope, text* key, const ClaimValues& claim,
 
     Datum values[kMaxAttributes];
     bool nulls[kMaxAttributes];
-    for (bool& null : nulls) null = true;
-    auto set = [&](Column column, Datum value) {
-      values[key_layout::current().attnum[column] - 1] = value;
-      nulls[key_layout::current().attnum[column] - 1] = false;
-    };
-    set(kScope, PointerGetDatum(scope));
-    set(kKey, PointerGetDatum(key));
-    set(kOwner, PointerGetDatum(claim.owner));
-    if (claim.fingerprint != nullptr) set(kFingerprint, PointerGetDatum(claim.fingerprint));
-    set(kAttempts, Int32GetDatum(1));
-    set(kTtl, IntervalPGetDatum(&claim.ttl));
-    set(kLease, IntervalPGetDatum(&claim.lease));
-    set(kCreatedAt, TimestampTzGetDatum(claim.now));
-    set(kExpiresAt, TimestampTzGetDatum(claim.expires_at));
-    set(kLeaseToken, UUIDPGetDatum(&claim.token));
-    set(kLockedUntil, TimestampTzGetDatum(claim.locked_until));
-    set(kStatus, ObjectIdGetDatum(key_layout::current().processing_label));
-    set(kUpdatedAt, TimestampTzGetDatum(claim.now));
+    new_claim_values(claim, scope, key, values, nulls);
     HeapTuple tuple = heap_form_tuple(RelationGetDescr(writer.table), values, nulls);
     // The speculative-insertion lock is held only between the insert and its confirmation
     // or super-delete (one lock-manager entry at a time, never one per claim kept): whoever
@@ -255,34 +308,11 @@ std::optional<KeyRow> complete(Oid table, const key_store::RowAddress& where, te
     // SnapshotSelf: the version this transaction sees now; an updated or deleted one is not.
     if (!heap_fetch(writer.table, SnapshotSelf, &old, &buffer, false)) return false;
     heap_deform_tuple(&old, desc, values, nulls);
-    auto at = [](Column column) { return key_layout::current().attnum[column] - 1; };
-    bool holds = !nulls[at(kLeaseToken)] &&
-                 memcmp(DatumGetUUIDP(values[at(kLeaseToken)])->data, token.data, UUID_LEN) == 0 &&
-                 same_text(values[at(kOwner)], owner) &&
-                 DatumGetObjectId(values[at(kStatus)]) == key_layout::current().processing_label &&
-                 DatumGetTimestampTz(values[at(kExpiresAt)]) > now &&
-                 same_text(values[at(kScope)], scope) && same_text(values[at(kKey)], key);
-    if (!holds) {
+    if (!holds(values, nulls, token, owner, scope, key, now)) {
       ReleaseBuffer(buffer);
       return false;
     }
-    uint64 changed = 0;
-    for (Column column :
-         {kStatus, kResponseCode, kUpdatedAt, kResponse, kResponseBody, kResponseHeaders})
-      changed |= uint64{1} << at(column);
-    if (DatumGetTimestampTz(values[at(kExpiresAt)]) != expires_at)
-      changed |= uint64{1} << at(kExpiresAt);
-    values[at(kStatus)] = ObjectIdGetDatum(key_layout::current().completed_label);
-    values[at(kResponseCode)] = Int32GetDatum(outcome.response_code.value_or(0));
-    nulls[at(kResponseCode)] = !outcome.response_code;
-    values[at(kUpdatedAt)] = TimestampTzGetDatum(now);
-    values[at(kResponse)] = PointerGetDatum(outcome.response);
-    nulls[at(kResponse)] = outcome.response == nullptr;
-    values[at(kResponseBody)] = PointerGetDatum(outcome.response_body);
-    nulls[at(kResponseBody)] = outcome.response_body == nullptr;
-    values[at(kResponseHeaders)] = PointerGetDatum(outcome.response_headers);
-    nulls[at(kResponseHeaders)] = outcome.response_headers == nullptr;
-    values[at(kExpiresAt)] = TimestampTzGetDatum(expires_at);
+    const uint64 changed = completion_values(outcome, now, expires_at, values, nulls);
     // The pin kept the old tuple's bytes in place until they are copied here.
     HeapTuple tuple = heap_form_tuple(desc, values, nulls);
     ReleaseBuffer(buffer);
