@@ -65,9 +65,11 @@ fi
 echo "# postgresql.conf from ${CONF_PAGES[*]}:"
 printf '#   %s\n' "${CONF[@]}"
 port="$(idem_free_port 5490 5499)" || idem_die "no free port in 5490-5499"
-# A server as users have it: its search_path does not name the extension's schema.
-cluster_start "$IDEM_SCRATCH/pg" "$port" "${CONF[@]}" "search_path = '\"\$user\", public'" ||
-  idem_die "could not start a server"
+# A server as users have it: its search_path does not name the extension's schema. The
+# cleanup worker's rounds are an hour apart, so that the statistics rows of the databases
+# dropped during the suite stay until the scrape below (a round forgets them).
+cluster_start "$IDEM_SCRATCH/pg" "$port" "${CONF[@]}" "search_path = '\"\$user\", public'" \
+  "idempotency.cleanup_interval = '1h'" || idem_die "could not start a server"
 q() { psql -X -qAt -v ON_ERROR_STOP=1 "$@"; }
 
 # The statistics view for monitoring roles is new in 1.2. Until the extension's script makes
@@ -131,9 +133,19 @@ fi
 # Something to count, a different number of each, so that a metric read from another column
 # shows: claimed 5, reclaimed 2, replayed 7, in_progress 4, mismatched 6, completed 1, released 3.
 # It counts from zero in a database app of its own: the pages' blocks counted in theirs.
-q -d postgres -c "DROP DATABASE IF EXISTS app WITH (FORCE)" -c "CREATE DATABASE app OWNER app"
-q -d app -c "CREATE EXTENSION idempotency" -c "GRANT USAGE ON SCHEMA idempotency TO app"
-[[ -z ${DOCS_AFTER_INSTALL:-} ]] || q -d app -f "$DOCS_AFTER_INSTALL"
+# Beside it, two databases that counted a claim and were dropped: their rows, without a name
+# until the worker's next round, are in the view while the exporter is scraped.
+fresh_app() { # DATABASE: made anew, owned by app, with the extension and app's grant
+  q -d postgres -c "DROP DATABASE IF EXISTS $1 WITH (FORCE)" -c "CREATE DATABASE $1 OWNER app"
+  q -d "$1" -c "CREATE EXTENSION idempotency" -c "GRANT USAGE ON SCHEMA idempotency TO app"
+  [[ -z ${DOCS_AFTER_INSTALL:-} ]] || q -d "$1" -f "$DOCS_AFTER_INSTALL"
+}
+for gone in docs_gone_1 docs_gone_2; do
+  fresh_app "$gone"
+  q -U app -d "$gone" -c "SELECT status FROM idempotency.claim_key('docs-gone'::text)" >/dev/null
+  q -d postgres -c "DROP DATABASE $gone"
+done
+fresh_app app
 workload="5 2 7 4 6 1 3"
 q -U app -d app >/dev/null <<'SQL'
 SELECT token AS t FROM idempotency.claim_key('docs-a'::text, '\x01'::bytea) \gset
@@ -164,6 +176,13 @@ got=""
 for metric in claimed reclaimed replayed in_progress mismatched completed released; do
   got+="$(sed -n "s/^idempotency_${metric}_total{datname=\"app\"[^}]*} \([0-9.e+]*\)$/\1/p" "$scrape") "
 done
+# The rows of the dropped databases were there during the scrape (only a round removes them).
+dropped="$(q -d app -c "SELECT count(*) FROM idempotency_monitor.idempotency_stats WHERE datname IS NULL")"
+if ((dropped >= 2)) && [[ -s $scrape ]]; then
+  pass "the exporter serves its scrape while the view holds $dropped rows of dropped databases"
+else
+  fail "the scrape with $dropped rows of dropped databases in the view: $(wc -c <"$scrape") bytes served"
+fi
 if [[ $stats == "$workload" && "${got% }" == "$stats" ]]; then
   pass "the scrape answers the view's counts for app (claimed .. released: $stats)"
 else
