@@ -47,16 +47,15 @@ bool is_our_primary_key(Relation index, const Layout& l) {
          index->rd_indcollation[2] == C_COLLATION_OID;
 }
 
-// Fills `l` from the open table.
+// The first reason that applies is the one a layout keeps.
+void needs(Layout& l, route::ExecutorReason reason) {
+  if (l.executor_reason == route::ExecutorReason::kNone) l.executor_reason = reason;
+}
+
+// Finds each of our columns in the table's descriptor, checking its type; a column the
+// direct path cannot write as the executor would sends writes to the executor.
 // pg-frame: runs inside pg_call only (owns no C++ object).
-LayoutCheck read_layout(Relation table, Layout& l) {
-  TupleDesc desc = RelationGetDescr(table);
-  auto needs = [&](route::ExecutorReason reason) {
-    if (l.executor_reason == route::ExecutorReason::kNone) l.executor_reason = reason;
-  };
-  if (table->rd_rel->relkind != RELKIND_RELATION || table->rd_rel->relam != HEAP_TABLE_AM_OID ||
-      desc->natts > kMaxAttributes)
-    needs(route::ExecutorReason::kNotHeapTable);
+LayoutCheck read_columns(TupleDesc desc, Layout& l) {
   for (int i = 0; i < desc->natts; ++i) {
     Form_pg_attribute attribute = TupleDescAttr(desc, i);
     if (attribute->attisdropped) continue;
@@ -64,7 +63,7 @@ LayoutCheck read_layout(Relation table, Layout& l) {
     while (column < kColumnCount && strcmp(NameStr(attribute->attname), kColumns[column].name) != 0)
       ++column;
     if (column == kColumnCount) {
-      needs(route::ExecutorReason::kUserColumn);
+      needs(l, route::ExecutorReason::kUserColumn);
       continue;
     }
     l.attnum[column] = attribute->attnum;
@@ -75,26 +74,25 @@ LayoutCheck read_layout(Relation table, Layout& l) {
     if (column == kOwner && attribute->atttypid == REGROLEOID)
       return {LayoutProblem::kOldVersion, column};
     if (!right_type) return {LayoutProblem::kColumnType, column};
-    if (attribute->atttypmod != -1) needs(route::ExecutorReason::kTypmod);
+    if (attribute->atttypmod != -1) needs(l, route::ExecutorReason::kTypmod);
     if (attribute->attnotnull && !kColumns[column].not_null)
-      needs(route::ExecutorReason::kExtraNotNull);
+      needs(l, route::ExecutorReason::kExtraNotNull);
     if (attribute->atthasdef && !kColumns[column].claim_writes)
-      needs(route::ExecutorReason::kDefault);
+      needs(l, route::ExecutorReason::kDefault);
     if (attribute->attidentity != '\0' || attribute->attgenerated != '\0')
-      needs(route::ExecutorReason::kIdentityGenerated);
+      needs(l, route::ExecutorReason::kIdentityGenerated);
   }
   for (int column = 0; column < kColumnCount; ++column)
     if (l.attnum[column] == InvalidAttrNumber) return {LayoutProblem::kMissingColumn, column};
-  Oid status_type = TupleDescAttr(desc, l.attnum[kStatus] - 1)->atttypid;
-  Oid* label_oids[] = {&l.processing_label, &l.completed_label};
-  for (int i = 0; i < 2; ++i) {
-    *label_oids[i] =
-        GetSysCacheOid2(ENUMTYPOIDNAME, Anum_pg_enum_oid, ObjectIdGetDatum(status_type),
-                        CStringGetDatum(kStatusLabels[i]));
-    if (!OidIsValid(*label_oids[i])) return {LayoutProblem::kLabel, i};
-  }
+  return {};
+}
+
+// Finds the primary key and the indexes a direct write maintains; an index the direct path
+// cannot maintain as the executor would sends writes to the executor.
+// pg-frame: runs inside pg_call only (owns no C++ object).
+LayoutCheck read_indexes(Relation table, Layout& l) {
   List* indexes = RelationGetIndexList(table);
-  if (list_length(indexes) > kMaxIndexes) needs(route::ExecutorReason::kIndexKind);
+  if (list_length(indexes) > kMaxIndexes) needs(l, route::ExecutorReason::kIndexKind);
   ListCell* cell = nullptr;
   foreach (cell, indexes) {
     Relation index = index_open(lfirst_oid(cell), AccessShareLock);
@@ -108,14 +106,14 @@ LayoutCheck read_layout(Relation table, Layout& l) {
       if (index->rd_rel->relam != BTREE_AM_OID || info->ii_Expressions != NIL ||
           info->ii_Predicate != NIL || info->ii_ExclusionOps != nullptr ||
           (index->rd_index->indisunique && !index->rd_index->indimmediate))
-        needs(route::ExecutorReason::kIndexKind);
+        needs(l, route::ExecutorReason::kIndexKind);
       // The direct path probes the primary key only; the executor would check every unique
       // index (and use one on the same columns as an arbiter). An invalid one (the leftover of
       // a cancelled CREATE INDEX or REINDEX CONCURRENTLY) is no arbiter for the executor
       // either: it gets its entries, with a plain unique check, when it is ready for inserts.
       if (index->rd_index->indisunique && index->rd_index->indisvalid &&
           !is_our_primary_key(index, l))
-        needs(route::ExecutorReason::kOtherUniqueIndex);
+        needs(l, route::ExecutorReason::kOtherUniqueIndex);
       l.index_oids[l.index_count] = RelationGetRelid(index);
       l.index_info[l.index_count++] = info;
     }
@@ -124,6 +122,26 @@ LayoutCheck read_layout(Relation table, Layout& l) {
   list_free(indexes);
   if (!OidIsValid(l.primary_key)) return {LayoutProblem::kPrimaryKey, 0};
   return {};
+}
+
+// Fills `l` from the open table.
+// pg-frame: runs inside pg_call only (owns no C++ object).
+LayoutCheck read_layout(Relation table, Layout& l) {
+  TupleDesc desc = RelationGetDescr(table);
+  if (table->rd_rel->relkind != RELKIND_RELATION || table->rd_rel->relam != HEAP_TABLE_AM_OID ||
+      desc->natts > kMaxAttributes)
+    needs(l, route::ExecutorReason::kNotHeapTable);
+  if (LayoutCheck check = read_columns(desc, l); check.problem != LayoutProblem::kNone)
+    return check;
+  Oid status_type = TupleDescAttr(desc, l.attnum[kStatus] - 1)->atttypid;
+  Oid* label_oids[] = {&l.processing_label, &l.completed_label};
+  for (int i = 0; i < 2; ++i) {
+    *label_oids[i] =
+        GetSysCacheOid2(ENUMTYPOIDNAME, Anum_pg_enum_oid, ObjectIdGetDatum(status_type),
+                        CStringGetDatum(kStatusLabels[i]));
+    if (!OidIsValid(*label_oids[i])) return {LayoutProblem::kLabel, i};
+  }
+  return read_indexes(table, l);
 }
 
 void load_layout(Relation table) {
