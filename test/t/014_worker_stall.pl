@@ -35,7 +35,7 @@ sub add_expired {
   my ($db, $prefix, $n) = @_;
   # (His role and read-only default hold for the test's sessions too.)
   $node->safe_psql($db, qq{
-    RESET ROLE;
+    SET ROLE NONE;
     SET default_transaction_read_only = off;
     INSERT INTO idempotency.idempotency_keys (key, owner, ttl, lease, created_at, expires_at, updated_at)
     SELECT '$prefix' || g, current_user, '1 hour', '5 min', now() - interval '2 hours',
@@ -45,12 +45,12 @@ sub add_expired {
 
 
 # poll_query_until for his databases, whose role setting holds for the test's sessions too:
-# RESET ROLE first (safe_psql is quiet about its command tag).
+# SET ROLE NONE first (safe_psql is quiet about its command tag).
 sub poll_as_superuser {
   my ($db, $query) = @_;
   my $deadline = time() + $PostgreSQL::Test::Utils::timeout_default;
   while (time() < $deadline) {
-    return 1 if $node->safe_psql($db, "RESET ROLE; $query") eq 't';
+    return 1 if $node->safe_psql($db, "SET ROLE NONE; $query") eq 't';
     select(undef, undef, undef, 0.1);
   }
   return 0;
@@ -104,7 +104,7 @@ cmp_ok($elapsed, '<', 15, 'within a few intervals');
 ok(poll_as_superuser('m4', 'SELECT count(*) = 0 FROM idempotency.idempotency_keys'),
   "his own database's expired keys are deleted too (read-write, whatever he set)");
 is($node->safe_psql('m4', q{
-    RESET ROLE; SELECT coalesce(last_error, '') FROM idempotency.idempotency_stats WHERE datname = 'm4'}),
+    SET ROLE NONE; SELECT coalesce(last_error, '') FROM idempotency.idempotency_stats WHERE datname = 'm4'}),
   '', 'without an error');
 is($node->safe_psql('postgres', "SELECT state FROM pg_stat_activity WHERE pid = $holder"),
   'idle in transaction', 'his serializable transaction was open all along');

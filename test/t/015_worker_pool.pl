@@ -43,7 +43,7 @@ my $minutes = int((time() - $started) / 60);
 cmp_ok($warnings, '>=', 1, 'a full pool is a WARNING');
 cmp_ok($warnings, '<=', 1 + $minutes,
   sprintf('at most one a minute (%d warnings for %d failed starts)', $warnings, failures()));
-ok($node->log_contains(qr/DETAIL:  \d+ start\(s\) failed since the last warning; max_worker_processes is 1\./),
+ok($node->log_contains(qr/DETAIL:  \d+ start\(s\) failed since the last warning, \d+ database\(s\) wait; max_worker_processes is 1\./),
   'the WARNING says how many failed and the setting to raise');
 is($node->safe_psql('app', 'SELECT count(*) FROM idempotency.idempotency_keys'), '20',
   'no key was deleted');
