@@ -190,6 +190,8 @@ void plan_round(LauncherState& state) {
   StartTransactionCommand();
   (void)GetTransactionSnapshot();
   pgstat_report_activity(STATE_RUNNING, "reading pg_database");
+  // The transaction's start read the invalidation queue: after a reset, look at pg_authid.
+  cleanup_shared::check_roles();
 
   // A CREATE EXTENSION idempotency committed somewhere: every absent database gets a look.
   const uint64 generation = cleanup_shared::extension_generation();

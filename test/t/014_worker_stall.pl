@@ -31,12 +31,15 @@ sub psql_as {
   return $node->safe_psql($db, $sql, extra_params => [ '-U', $role ]);
 }
 
+# His settings hold for the test's own sessions in his databases too: they take this first
+# (else a query of the test there waits for a safe snapshot, as the workers did).
+my $unsteered = q{SET ROLE NONE; SET default_transaction_isolation = 'read committed';
+  SET default_transaction_read_only = off; SET default_transaction_deferrable = off;};
+
 sub add_expired {
   my ($db, $prefix, $n) = @_;
-  # (His role and read-only default hold for the test's sessions too.)
   $node->safe_psql($db, qq{
-    SET ROLE NONE;
-    SET default_transaction_read_only = off;
+    $unsteered
     INSERT INTO idempotency.idempotency_keys (key, owner, ttl, lease, created_at, expires_at, updated_at)
     SELECT '$prefix' || g, current_user, '1 hour', '5 min', now() - interval '2 hours',
            now() - interval '1 second', now()
@@ -44,13 +47,13 @@ sub add_expired {
 }
 
 
-# poll_query_until for his databases, whose role setting holds for the test's sessions too:
-# SET ROLE NONE first (safe_psql is quiet about its command tag).
+# poll_query_until for his databases (safe_psql is quiet about the command tags of the
+# settings).
 sub poll_as_superuser {
   my ($db, $query) = @_;
   my $deadline = time() + $PostgreSQL::Test::Utils::timeout_default;
   while (time() < $deadline) {
-    return 1 if $node->safe_psql($db, "SET ROLE NONE; $query") eq 't';
+    return 1 if $node->safe_psql($db, "$unsteered $query") eq 't';
     select(undef, undef, undef, 0.1);
   }
   return 0;
@@ -103,8 +106,8 @@ diag(sprintf('50 expired keys of the victim deleted after %.2f s (interval %d ms
 cmp_ok($elapsed, '<', 15, 'within a few intervals');
 ok(poll_as_superuser('m4', 'SELECT count(*) = 0 FROM idempotency.idempotency_keys'),
   "his own database's expired keys are deleted too (read-write, whatever he set)");
-is($node->safe_psql('m4', q{
-    SET ROLE NONE; SELECT coalesce(last_error, '') FROM idempotency.idempotency_stats WHERE datname = 'm4'}),
+is($node->safe_psql('m4', qq{
+    $unsteered SELECT coalesce(last_error, '') FROM idempotency.idempotency_stats WHERE datname = 'm4'}),
   '', 'without an error');
 is($node->safe_psql('postgres', "SELECT state FROM pg_stat_activity WHERE pid = $holder"),
   'idle in transaction', 'his serializable transaction was open all along');
