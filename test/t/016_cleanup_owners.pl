@@ -109,14 +109,16 @@ cmp_ok($many_memory, '<=', $one_memory + 64 * 1024,
 # The first call of a session loads the function and the catalog entries it looks at; the
 # second shows what a call costs the caller.
 my $offset = -s $node->logfile;
+# (Every measurement is the same statement, so that its own memory is the same in each.)
 my $call = $node->safe_psql('app', q{
   SELECT sum(total_bytes) AS m0 FROM pg_backend_memory_contexts \gset
   SELECT idempotency.idempotency_cleanup() AS first \gset
   SELECT sum(total_bytes) AS m1 FROM pg_backend_memory_contexts \gset
   SELECT clock_timestamp() AS t0 \gset
   SELECT idempotency.idempotency_cleanup() AS deleted \gset
-  SELECT :'deleted', round(extract(epoch FROM clock_timestamp() - :'t0') * 1000, 1),
-         :m1 - :m0, (SELECT sum(total_bytes) FROM pg_backend_memory_contexts) - :m1,
+  SELECT round(extract(epoch FROM clock_timestamp() - :'t0') * 1000, 1) AS ms \gset
+  SELECT sum(total_bytes) AS m2 FROM pg_backend_memory_contexts \gset
+  SELECT :'deleted', :'ms', :m1 - :m0, :m2 - :m1,
          (SELECT regexp_replace(l, '\D', '', 'g')
             FROM regexp_split_to_table(pg_read_file('/proc/' || pg_backend_pid() || '/status'), '\n') l
            WHERE l LIKE 'VmHWM%')});
