@@ -25,7 +25,9 @@ OBJS        = src/pg_boundary.o \
               src/cleanup.o \
               src/cleanup_call.o \
               src/cleanup_worker.o \
-              src/citus_guard.o
+              src/citus_guard.o \
+              src/installation_check.o \
+              src/schema_guard.o
 # The released base script, the update scripts, and the script of the default version,
 # made from them (so a fresh install runs the same statements as an upgraded one; TAP
 # 041_upgrade compares the two installs).
@@ -41,7 +43,15 @@ ISOLATION_OPTS = --inputdir=test/isolation
 
 # Debian's pg_config lives outside PATH until the server-dev package is installed.
 PG_CONFIG ?= $(firstword $(wildcard /usr/lib/postgresql/15/bin/pg_config) pg_config)
-PGXS := $(shell $(PG_CONFIG) --pgxs)
+PGXS := $(shell $(PG_CONFIG) --pgxs 2>/dev/null)
+# Without PGXS nothing below can build or install: say so at once (else `make` would only
+# find the SQL script up to date). `make demo`, `make test` and `make bench` install the
+# server headers themselves first, and `make format` needs none.
+ifeq ($(wildcard $(PGXS)),)
+ifneq ($(filter-out demo test bench format,$(or $(MAKECMDGOALS),all)),)
+$(error PostgreSQL's server headers were not found: "$(PG_CONFIG) --pgxs" names no pgxs.mk. Install them (Debian, Ubuntu: apt-get install postgresql-server-dev-15, or -16, -17, -18; Red Hat: postgresql15-devel), or pass PG_CONFIG=/path/to/pg_config of the PostgreSQL to build for)
+endif
+endif
 
 # Our own code is held to -Werror; the server headers are system headers so that their
 # warnings are not ours (GCC lets -isystem win over the -I that PGXS adds).
@@ -79,8 +89,10 @@ bench:
 format:
 	clang-format -i src/*.cpp src/*.hpp
 
-# Fails on any formatting difference or clang-tidy finding (.clang-format, .clang-tidy).
+# Fails on any formatting difference, boundary violation (test/lint/boundary.py) or clang-tidy
+# finding (.clang-format, .clang-tidy).
 lint:
 	clang-format --dry-run -Werror src/*.cpp src/*.hpp
+	python3 test/lint/boundary.py
 	clang-tidy --quiet src/*.cpp -- -x c++ -std=c++17 -D_GNU_SOURCE \
 	  -isystem $(shell $(PG_CONFIG) --includedir-server) -isystem $(shell $(PG_CONFIG) --includedir)/internal

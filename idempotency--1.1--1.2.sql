@@ -146,3 +146,146 @@ GRANT SELECT ON idempotency_monitor.idempotency_stats TO pg_monitor;
 -------------------------------------------------------------------------------
 -- Security checks (section: security)
 -------------------------------------------------------------------------------
+
+-- No role but a superuser creates or changes anything in the extension's schema. Calls
+-- refuse (42501) while another role may create objects there or while an object there is
+-- not the extension's (src/installation_check.hpp); but a look-alike planted there (say
+-- complete_key(text, text, text), which a call with untyped literals matches better) is
+-- not the extension's code, and would run without any check of ours. This trigger refuses
+-- the planting itself: any DDL command of a role that is not a superuser that creates or
+-- changes an object in the schema.
+CREATE FUNCTION @extschema@.guard_schema() RETURNS event_trigger
+AS 'MODULE_PATHNAME', 'idempotency_guard_schema'
+LANGUAGE C;
+COMMENT ON FUNCTION @extschema@.guard_schema() IS
+  'Event trigger function of idempotency_guard_schema: refuses (42501) a DDL command of a role '
+  'that is not a superuser when it created or changed an object in the extension''s schema.';
+REVOKE ALL ON FUNCTION @extschema@.guard_schema() FROM PUBLIC;
+
+CREATE EVENT TRIGGER idempotency_guard_schema ON ddl_command_end
+  EXECUTE FUNCTION @extschema@.guard_schema();
+COMMENT ON EVENT TRIGGER idempotency_guard_schema IS
+  'Only superusers create or change objects in the schema of extension idempotency: another '
+  'role''s look-alike there could catch the calls of every role (see SECURITY.md).';
+
+-------------------------------------------------------------------------------
+-- Responses replayed as sent: body bytes, status and headers (section: responses)
+-------------------------------------------------------------------------------
+
+-- A response as the first request sent it, beside the jsonb response of 1.0: the body's bytes
+-- (any content type, not necessarily UTF-8) and its headers; the status is response_code. Last
+-- in the row, with the other columns a completion writes, so that its WAL record stays small.
+-- One statement each, run by EXECUTE: Citus passes a DDL statement on to the shards as its own
+-- text. Adding a column without a default rewrites nothing.
+DO $$
+BEGIN
+  EXECUTE 'ALTER TABLE @extschema@.idempotency_keys ADD COLUMN response_body pg_catalog.bytea';
+  EXECUTE 'ALTER TABLE @extschema@.idempotency_keys ADD COLUMN response_headers pg_catalog.jsonb';
+END
+$$;
+COMMENT ON COLUMN @extschema@.idempotency_keys.response_body IS
+  'Stored response body, the bytes exactly as sent, replayed byte for byte; NULL = none.';
+COMMENT ON COLUMN @extschema@.idempotency_keys.response_headers IS
+  'Stored response headers: a JSON object whose values are strings or arrays of strings; NULL = none.';
+
+ALTER TYPE @extschema@.claim_result ADD ATTRIBUTE response_body pg_catalog.bytea;
+ALTER TYPE @extschema@.claim_result ADD ATTRIBUTE response_headers pg_catalog.jsonb;
+COMMENT ON TYPE @extschema@.claim_result IS
+  'Result of claim_key and complete_key. token is set only for claimed / reclaimed; response, '
+  'response_code, response_body and response_headers only for replay; retry_after only for '
+  'in_progress.';
+
+-- complete_key, claim_keys and complete_keys gain the response as sent (arguments with
+-- defaults at the end, result columns at the end), so every 1.1 call, positional or named,
+-- keeps working. A function's arguments and result columns cannot change in place: each is
+-- dropped and created again, which gives it a new OID. On Citus, run
+-- create_distributed_function for complete_key and complete_keys again after this update
+-- (and for claim_keys if it was distributed).
+DROP FUNCTION @extschema@.complete_key(pg_catalog.text, pg_catalog.uuid, pg_catalog.jsonb,
+                                       pg_catalog.int4, pg_catalog.text);
+CREATE FUNCTION @extschema@.complete_key(
+  key                  pg_catalog.text,
+  token                pg_catalog.uuid,
+  response             pg_catalog.jsonb,
+  response_code        pg_catalog.int4        DEFAULT NULL,
+  scope                pg_catalog.text        DEFAULT '',
+  response_body        pg_catalog.bytea       DEFAULT NULL,
+  response_headers     pg_catalog.jsonb       DEFAULT NULL)
+RETURNS @extschema@.claim_result
+AS 'MODULE_PATHNAME', 'complete_key'
+LANGUAGE C VOLATILE SECURITY INVOKER PARALLEL UNSAFE;
+COMMENT ON FUNCTION @extschema@.complete_key(pg_catalog.text, pg_catalog.uuid, pg_catalog.jsonb,
+                                             pg_catalog.int4, pg_catalog.text, pg_catalog.bytea,
+                                             pg_catalog.jsonb) IS
+  'Stores the outcome of a claim held with `token`: a jsonb response and code, and optionally '
+  'the response as sent (body bytes and headers, replayed byte for byte); duplicates then get '
+  'replay. Fenced: a token that no longer holds the key is rejected (55000).';
+
+DROP FUNCTION @extschema@.claim_keys(pg_catalog.text[], pg_catalog.bytea[], pg_catalog.text,
+                                     pg_catalog.interval, pg_catalog.interval);
+CREATE FUNCTION @extschema@.claim_keys(
+  keys                 pg_catalog.text[],
+  fingerprints         pg_catalog.bytea[]     DEFAULT NULL,
+  scope                pg_catalog.text        DEFAULT '',
+  ttl                  pg_catalog.interval    DEFAULT NULL,
+  lease                pg_catalog.interval    DEFAULT NULL,
+  OUT ordinality       pg_catalog.int4,
+  OUT key              pg_catalog.text,
+  OUT status           @extschema@.claim_status,
+  OUT token            pg_catalog.uuid,
+  OUT response         pg_catalog.jsonb,
+  OUT response_code    pg_catalog.int4,
+  OUT fingerprint      pg_catalog.bytea,
+  OUT recovery_point   pg_catalog.text,
+  OUT attempts         pg_catalog.int4,
+  OUT created_at       pg_catalog.timestamptz,
+  OUT expires_at       pg_catalog.timestamptz,
+  OUT retry_after      pg_catalog.interval,
+  OUT response_body    pg_catalog.bytea,
+  OUT response_headers pg_catalog.jsonb)
+RETURNS SETOF record
+AS 'MODULE_PATHNAME', 'claim_keys'
+LANGUAGE C VOLATILE SECURITY INVOKER PARALLEL UNSAFE ROWS 100;
+COMMENT ON FUNCTION @extschema@.claim_keys(pg_catalog.text[], pg_catalog.bytea[], pg_catalog.text,
+                                           pg_catalog.interval, pg_catalog.interval) IS
+  'Claims a batch of keys of one scope in the caller''s transaction: one row per key, in '
+  'input order, as claim_key (wait 0) would answer each. fingerprints, when given, has one '
+  'element per key. A repeated key: the first occurrence decides, later ones get in_progress '
+  '(or replay / mismatch like the first). No per-key lock is kept.';
+
+-- Element i completes keys[i] held with tokens[i], storing responses[i], response_codes[i],
+-- response_bodies[i] and response_headers[i] (a NULL array: none of that part).
+DROP FUNCTION @extschema@.complete_keys(pg_catalog.text[], pg_catalog.uuid[], pg_catalog.jsonb[],
+                                        pg_catalog.int4[], pg_catalog.text);
+CREATE FUNCTION @extschema@.complete_keys(
+  keys                 pg_catalog.text[],
+  tokens               pg_catalog.uuid[],
+  responses            pg_catalog.jsonb[],
+  response_codes       pg_catalog.int4[]      DEFAULT NULL,
+  scope                pg_catalog.text        DEFAULT '',
+  response_bodies      pg_catalog.bytea[]     DEFAULT NULL,
+  response_headers     pg_catalog.jsonb[]     DEFAULT NULL,
+  OUT ordinality       pg_catalog.int4,
+  OUT key              pg_catalog.text,
+  OUT status           @extschema@.claim_status,
+  OUT token            pg_catalog.uuid,
+  OUT response         pg_catalog.jsonb,
+  OUT response_code    pg_catalog.int4,
+  OUT fingerprint      pg_catalog.bytea,
+  OUT recovery_point   pg_catalog.text,
+  OUT attempts         pg_catalog.int4,
+  OUT created_at       pg_catalog.timestamptz,
+  OUT expires_at       pg_catalog.timestamptz,
+  OUT retry_after      pg_catalog.interval,
+  OUT response_body    pg_catalog.bytea,
+  OUT response_headers pg_catalog.jsonb)
+RETURNS SETOF record
+AS 'MODULE_PATHNAME', 'complete_keys'
+LANGUAGE C VOLATILE SECURITY INVOKER PARALLEL UNSAFE ROWS 100;
+COMMENT ON FUNCTION @extschema@.complete_keys(pg_catalog.text[], pg_catalog.uuid[], pg_catalog.jsonb[],
+                                              pg_catalog.int4[], pg_catalog.text, pg_catalog.bytea[],
+                                              pg_catalog.jsonb[]) IS
+  'Stores the outcomes of a batch of claims (element i: keys[i], tokens[i], responses[i], '
+  'response_codes[i], response_bodies[i], response_headers[i]); one row per key, in input '
+  'order, as complete_key answers. Fenced like complete_key: any refused element fails the '
+  'whole call, which then changes nothing.';

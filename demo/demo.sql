@@ -14,19 +14,16 @@
 \pset columns 110
 SET client_min_messages = warning;
 -- The extension lives in its own schema, idempotency (demo/run.sh created it). An
--- application role needs one grant, GRANT USAGE ON SCHEMA idempotency TO app, and calls
--- idempotency.claim_key(...), or puts the schema on its search_path as this session does.
--- The consumer function below names it explicitly, so it works whatever the search_path of
--- the session that calls it.
-SET search_path = public, idempotency;
+-- application role needs one grant, GRANT USAGE ON SCHEMA idempotency TO app. Every call
+-- names the schema and gives each literal its type (README.md, "Calling the functions").
 
 \echo 'The consumer in demo/demo.sql calls, inside its own transaction:'
 \echo '  idempotency.claim_key(message_id, idempotency.request_fingerprint(body), scope => ''payments'')'
-\echo '  -> claimed: charge, complete_key(message_id, token, response, 201); replay: return the'
-\echo '     stored response; mismatch: 422; in_progress: 409 + retry_after'
+\echo '  -> claimed: charge, idempotency.complete_key(message_id, token, response, 201);'
+\echo '     replay: return the stored response; mismatch: 422; in_progress: 409 + retry_after'
 \echo
-\echo '=== 1. Keys: gen_uuid_v7() makes time-ordered, B-Tree-friendly message ids ==='
-SELECT gen_uuid_v7() AS id, uuid_v7_time(gen_uuid_v7()) AS carries_time
+\echo '=== 1. Keys: idempotency.gen_uuid_v7() makes time-ordered, B-Tree-friendly message ids ==='
+SELECT idempotency.gen_uuid_v7() AS id, idempotency.uuid_v7_time(idempotency.gen_uuid_v7()) AS carries_time
   FROM generate_series(1, 3);
 
 -- The business data: an account and its payments. The idempotency keys live in the same
@@ -50,9 +47,9 @@ CREATE TABLE deliveries (
 INSERT INTO inbox
 SELECT label, jsonb_build_object('message_id', id::text, 'body', body)
   FROM (VALUES
-    ('M1', gen_uuid_v7(), '{"account": "alice", "amount": 25.00}'::jsonb),
-    ('M2', gen_uuid_v7(), '{"account": "alice", "amount": 40.00}'),
-    ('M3', gen_uuid_v7(), '{"account": "alice", "amount": 15.00, "via": "card gateway"}')
+    ('M1', idempotency.gen_uuid_v7(), '{"account": "alice", "amount": 25.00}'::jsonb),
+    ('M2', idempotency.gen_uuid_v7(), '{"account": "alice", "amount": 40.00}'),
+    ('M3', idempotency.gen_uuid_v7(), '{"account": "alice", "amount": 15.00, "via": "card gateway"}')
   ) AS m(label, id, body);
 
 -- The consumer, inbox pattern: claim the message id, charge, store the outcome, all in
@@ -65,7 +62,7 @@ DECLARE
   payment int;
 BEGIN
   c := idempotency.claim_key(msg->>'message_id', idempotency.request_fingerprint(msg->'body'),
-                             scope => 'payments');
+                             scope => 'payments'::text);
   status := c.status;
   charged := false;
   CASE c.status
@@ -78,7 +75,7 @@ BEGIN
       response := jsonb_build_object('payment', payment, 'charged', msg->'body'->'amount');
       response_code := 201;
       PERFORM idempotency.complete_key(msg->>'message_id', c.token, response, response_code,
-                                       scope => 'payments');
+                                       scope => 'payments'::text);
       charged := true;
     WHEN 'replay' THEN          -- already done: return the stored outcome, touch nothing
       response := c.response;
@@ -117,7 +114,7 @@ ROLLBACK;  -- the process died: the claim and the charge vanish together
 INSERT INTO deliveries (label, session, what_happened, status, response_code, charged)
 VALUES ('M1', 'A', 'consumer crashed before COMMIT (rolled back)', :'d1_status', NULL, false);
 SELECT balance AS balance_after_crash,
-       (SELECT count(*) FROM idempotency_keys) AS keys_stored FROM accounts;
+       (SELECT count(*) FROM idempotency.idempotency_keys) AS keys_stored FROM accounts;
 
 \echo
 \echo '=== 4. M1, delivery 2 (broker redelivers) and delivery 3 (a duplicate) ==='
@@ -150,19 +147,19 @@ COMMIT;
 -- The claim commits on its own (with a short lease), the gateway is called, and the
 -- outcome is stored in a later transaction.
 SELECT token AS t1, status AS m3_status FROM inbox,
-       claim_key(message->>'message_id', request_fingerprint(message->'body'),
-                 scope => 'card-gateway', lease => '300 ms')
+       idempotency.claim_key(message->>'message_id', idempotency.request_fingerprint(message->'body'),
+                             scope => 'card-gateway'::text, lease => '300 ms'::interval)
  WHERE label = 'M3' \gset
-SELECT checkpoint_key(message->>'message_id', :'t1', 'gateway: charge requested',
-                      scope => 'card-gateway', lease => '300 ms') IS NOT NULL AS checkpointed
+SELECT idempotency.checkpoint_key(message->>'message_id', :'t1'::uuid, 'gateway: charge requested'::text,
+                                  scope => 'card-gateway'::text, lease => '300 ms'::interval) IS NOT NULL AS checkpointed
   FROM inbox WHERE label = 'M3' \gset
 INSERT INTO deliveries (label, session, what_happened, status, charged)
 VALUES ('M3', 'A', 'claimed, asked the gateway, then the consumer died', :'m3_status', false);
 \echo '(consumer A is gone; its 300 ms lease runs out)'
 SELECT pg_sleep(0.4) AS slept \gset
 SELECT token AS t2, status AS m3_status2, attempts, recovery_point FROM inbox,
-       claim_key(message->>'message_id', request_fingerprint(message->'body'),
-                 scope => 'card-gateway', lease => '1 min')
+       idempotency.claim_key(message->>'message_id', idempotency.request_fingerprint(message->'body'),
+                             scope => 'card-gateway'::text, lease => '1 min'::interval)
  WHERE label = 'M3' \gset
 SELECT :'m3_status2' AS "redelivery to B", :attempts AS attempts, :'recovery_point' AS resumes_from;
 -- B asks the gateway about this idempotency key: the charge did go through once.
@@ -171,7 +168,7 @@ UPDATE accounts SET balance = balance - 15.00 WHERE id = 'alice';
 INSERT INTO payments (message_id, account, amount, via)
 SELECT message->>'message_id', 'alice', 15.00, 'card gateway' FROM inbox WHERE label = 'M3';
 SELECT status AS m3_done FROM inbox,
-       complete_key(message->>'message_id', :'t2', '{"gateway": "captured"}', 201, scope => 'card-gateway')
+       idempotency.complete_key(message->>'message_id', :'t2'::uuid, '{"gateway": "captured"}'::jsonb, 201, scope => 'card-gateway'::text)
  WHERE label = 'M3' \gset
 COMMIT;
 INSERT INTO deliveries (label, session, what_happened, status, response_code, response, charged)
@@ -185,7 +182,7 @@ EXCEPTION WHEN OTHERS THEN
   RETURN 'rejected, SQLSTATE ' || SQLSTATE || ': ' || SQLERRM;
 END $$;
 SELECT pg_temp.try(format(
-  $$SELECT complete_key(%L, %L, '{"gateway": "captured"}', 201, scope => 'card-gateway')$$,
+  $$SELECT idempotency.complete_key(%L::text, %L::uuid, '{"gateway": "captured"}'::jsonb, 201, scope => 'card-gateway'::text)$$,
   message->>'message_id', :'t1')) AS "late complete_key from A (stale token)"
   FROM inbox WHERE label = 'M3';
 INSERT INTO deliveries (label, session, what_happened, status, charged)
@@ -207,4 +204,4 @@ SELECT label AS msg, (i.message->'body'->>'amount')::numeric AS amount,
 SELECT a.balance AS final_balance, 100.00 - 25.00 - 40.00 - 15.00 AS expected_balance,
        a.balance = 100.00 - 25.00 - 40.00 - 15.00 AS charged_once
   FROM accounts a;
-SELECT scope, status, attempts, response_code FROM idempotency_keys ORDER BY created_at;
+SELECT scope, status, attempts, response_code FROM idempotency.idempotency_keys ORDER BY created_at;

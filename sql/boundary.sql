@@ -30,7 +30,8 @@ SELECT 'usable after errors raised in C++' AS session;
 BEGIN READ ONLY;
 SELECT pg_temp.try($$SELECT claim_key('read-only-key')$$);
 ROLLBACK;
--- b) a trigger on the key table raising its own SQLSTATE in the middle of claim_key
+-- b) code attached to the key table: refused by the installation check (42501), raised in C++
+-- after the catalog reads that PostgreSQL code did for it, before the trigger could ever run
 CREATE FUNCTION boundary_boom() RETURNS trigger LANGUAGE plpgsql AS $$
 BEGIN
   RAISE EXCEPTION 'boom from a trigger under claim_key' USING ERRCODE = 'UB001';
@@ -50,7 +51,7 @@ BEGIN
   FOR i IN 1..1000 LOOP
     BEGIN
       PERFORM claim_key('trigger-key-' || i);
-    EXCEPTION WHEN SQLSTATE 'UB001' THEN
+    EXCEPTION WHEN SQLSTATE '42501' THEN
       caught := caught + 1;
     END;
   END LOOP;

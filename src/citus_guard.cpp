@@ -29,6 +29,7 @@ bool is_null_argument(Node* argument, ParamListInfo params) {
   return false;
 }
 
+// pg-frame: under the planner hook, a PostgreSQL frame; owns no C++ object.
 bool is_delegated_function(Oid function) {
   const char* schema = get_namespace_name(get_func_namespace(function));
   if (schema == nullptr || strcmp(schema, "idempotency") != 0) return false;
@@ -43,6 +44,7 @@ struct WalkContext {
   ParamListInfo params;
 };
 
+// pg-frame: the planner hook's tree walker, a PostgreSQL frame; owns no C++ object.
 bool find_null_key(Node* node, void* raw_context) {
   if (node == nullptr) return false;
   auto* context = static_cast<WalkContext*>(raw_context);
@@ -98,10 +100,15 @@ PlannedStmt* guarded_planner(Query* parse, const char* query_string, int cursor_
 
 }  // namespace
 
+bool citus_loaded() {
+  return GetConfigOption("citus.version", true, false) != nullptr &&
+         (GetConfigOptionFlags("citus.version", true) & GUC_CUSTOM_PLACEHOLDER) == 0;
+}
+
 void install_if_citus() {
   // Loaded after citus (shared_preload_libraries = 'citus,idempotency'), so this hook runs
   // before Citus' planner; without Citus there is nothing to guard and nothing is hooked.
-  if (GetConfigOption("citus.version", true, false) == nullptr) return;
+  if (!citus_loaded()) return;
   next_planner = planner_hook;
   planner_hook = guarded_planner;
 }

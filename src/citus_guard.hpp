@@ -10,4 +10,8 @@ namespace idem::citus_guard {
 // Called from _PG_init.
 void install_if_citus();
 
+// Is the Citus library loaded in this process? Any role can SET citus.version, which only
+// makes a placeholder of that name; Citus itself defines the variable when it loads.
+bool citus_loaded();
+
 }  // namespace idem::citus_guard

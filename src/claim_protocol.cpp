@@ -192,15 +192,215 @@ bytea* fingerprint_value(Datum raw) {
       raw, "fingerprint", "idempotency.max_fingerprint_size", gucs::max_fingerprint_size));
 }
 
-// A response, refused when over idempotency.max_response_size (measured before detoasting).
-Jsonb* response_value(Datum raw) {
-  size_t size = pg_call([&] { return toast_raw_datum_size(raw); });
+// An argument that may be left out: false when it is NULL, or when the function's SQL
+// definition does not have it (the 1.1 definitions of complete_key / complete_keys, called
+// through this library before ALTER EXTENSION UPDATE: reading past PG_NARGS() would read
+// memory that holds no argument).
+bool argument_given(FunctionCallInfo fcinfo, int n) {
+  return n < PG_NARGS() && !PG_ARGISNULL(n);
+}
+
+// ---------------------------------------------------------------------------------------
+// Responses: the jsonb response, and the response as sent (body bytes, headers)
+// ---------------------------------------------------------------------------------------
+
+// The parts of an outcome as the call passed them, not yet detoasted.
+struct ResponseArguments {
+  std::optional<Datum> response;  // jsonb
+  std::optional<int32> code;
+  std::optional<Datum> body;     // bytea
+  std::optional<Datum> headers;  // jsonb
+};
+
+// Why response headers are refused.
+enum class HeadersProblem { kNone, kNotObject, kName, kValue, kElement, kControl };
+// What check_headers found: trivially destructible, so that it can leave a pg_call. `name`
+// points into the headers' jsonb.
+struct HeadersCheck {
+  HeadersProblem problem = HeadersProblem::kNone;
+  const char* name = nullptr;
+  int name_length = 0;
+  int element = 0;        // 1-based, in the header's array (kElement, kControl)
+  const char* kind = "";  // what the offending value is ("a number", ...)
+};
+
+// A header name must be an RFC 9110 token: non-empty, of tchar only. Nothing else can be
+// sent as a field name, and a replay must never write a CR or LF into a response head.
+bool is_field_name(const char* name, int length) {
+  if (length == 0) return false;
+  for (int i = 0; i < length; ++i) {
+    const auto c = static_cast<unsigned char>(name[i]);
+    const bool alnum = (c >= '0' && c <= '9') || (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z');
+    if (!alnum && strchr("!#$%&'*+-.^_`|~", c) == nullptr) return false;
+  }
+  return true;
+}
+
+// A field value holds no control character but horizontal tab (RFC 9110 field-value).
+bool is_field_value(const JsonbValue& value) {
+  for (int i = 0; i < value.val.string.len; ++i) {
+    const auto c = static_cast<unsigned char>(value.val.string.val[i]);
+    if ((c < 0x20 && c != '\t') || c == 0x7f) return false;
+  }
+  return true;
+}
+
+const char* kind_of(const JsonbValue& value) {
+  switch (value.type) {
+    case jbvNull:
+      return "null";
+    case jbvString:
+      return "a string";
+    case jbvNumeric:
+      return "a number";
+    case jbvBool:
+      return "a boolean";
+    case jbvBinary:
+      return JsonContainerIsArray(value.val.binary.data) ? "an array" : "an object";
+    default:
+      return "of another kind";
+  }
+}
+
+// Walks the headers: a JSON object whose values are strings or arrays of strings. Allocates
+// (the iterators) in the current memory context; call it through pg_call.
+// pg-frame: runs inside pg_call only (owns no C++ object).
+HeadersCheck check_headers(Jsonb* headers) {
+  HeadersCheck check;
+  if (!JB_ROOT_IS_OBJECT(headers)) {
+    check.problem = HeadersProblem::kNotObject;
+    JsonbValue scalar;
+    check.kind = JB_ROOT_IS_SCALAR(headers) && JsonbExtractScalar(&headers->root, &scalar)
+                     ? kind_of(scalar)
+                     : "an array";
+    return check;
+  }
+  JsonbIterator* fields = JsonbIteratorInit(&headers->root);
+  JsonbValue value;
+  for (JsonbIteratorToken token; (token = JsonbIteratorNext(&fields, &value, true)) != WJB_DONE;) {
+    if (token == WJB_KEY) {
+      check.name = value.val.string.val;
+      check.name_length = value.val.string.len;
+      if (!is_field_name(check.name, check.name_length)) {
+        check.problem = HeadersProblem::kName;
+        return check;
+      }
+      continue;
+    }
+    if (token != WJB_VALUE) continue;
+    if (value.type == jbvString) {
+      if (!is_field_value(value)) check.problem = HeadersProblem::kControl;
+    } else if (value.type == jbvBinary && JsonContainerIsArray(value.val.binary.data)) {
+      JsonbIterator* elements = JsonbIteratorInit(value.val.binary.data);
+      JsonbValue element;
+      for (JsonbIteratorToken e; (e = JsonbIteratorNext(&elements, &element, true)) != WJB_DONE;) {
+        if (e != WJB_ELEM) continue;
+        ++check.element;
+        if (element.type != jbvString) {
+          check.problem = HeadersProblem::kElement;
+          check.kind = kind_of(element);
+          return check;
+        }
+        if (!is_field_value(element)) {
+          check.problem = HeadersProblem::kControl;
+          return check;
+        }
+      }
+      check.element = 0;
+    } else {
+      check.problem = HeadersProblem::kValue;
+      check.kind = kind_of(value);
+    }
+    if (check.problem != HeadersProblem::kNone) return check;
+  }
+  return check;
+}
+
+// A header name for a message: at most 64 bytes of it (whole characters), control
+// characters shown as \xNN.
+std::string shown_name(const HeadersCheck& check) {
+  const int length = pg_call([&] { return pg_mbcliplen(check.name, check.name_length, 64); });
+  std::string shown;
+  for (int i = 0; i < length; ++i) {
+    const auto c = static_cast<unsigned char>(check.name[i]);
+    if (c >= 0x20 && c != 0x7f) {
+      shown += static_cast<char>(c);
+      continue;
+    }
+    constexpr const char* kHex = "0123456789abcdef";
+    shown += std::string("\\x") + kHex[c >> 4] + kHex[c & 15];
+  }
+  return "\"" + shown + (length < check.name_length ? "...\"" : "\"");
+}
+
+// The headers, refused (22023) unless a JSON object whose values are strings or arrays of
+// strings, with names that are HTTP field names and values without control characters.
+void validate_headers(Jsonb* headers) {
+  const HeadersCheck check = pg_call([&] { return check_headers(headers); });
+  const auto invalid = [](const std::string& message, const std::string& detail) {
+    return Error(ERRCODE_INVALID_PARAMETER_VALUE, message, detail,
+                 "Pass a JSON object of header names and values, a value being a string or an "
+                 "array of strings: {\"Content-Type\": \"text/plain\", \"Vary\": [\"Accept\"]}.");
+  };
+  const std::string where = check.element > 0
+                                ? "Element " + std::to_string(check.element) + " of its array"
+                                : "Its value";
+  switch (check.problem) {
+    case HeadersProblem::kNone:
+      return;
+    case HeadersProblem::kNotObject:
+      throw invalid("response headers must be a JSON object",
+                    std::string("The headers are ") + check.kind + ".");
+    case HeadersProblem::kName:
+      throw invalid("response header name " + shown_name(check) + " is not an HTTP field name",
+                    "A field name is a non-empty token (RFC 9110): letters, digits and "
+                    "!#$%&'*+-.^_`|~.");
+    case HeadersProblem::kValue:
+    case HeadersProblem::kElement:
+      throw invalid(
+          "response header " + shown_name(check) + " must be a string or an array of strings",
+          where + " is " + check.kind + ".");
+    case HeadersProblem::kControl:
+      throw invalid("response header " + shown_name(check) + " has a control character",
+                    where +
+                        " holds a control character other than horizontal tab, which no "
+                        "HTTP field value may hold.");
+  }
+}
+
+// The outcome of a completion. The response's parts together (the jsonb response, the body,
+// the headers) are refused when over idempotency.max_response_size, each measured before
+// it is detoasted (its uncompressed size, header included), so that an oversized value is
+// never read; the headers are validated. Nothing beyond today's work when only the jsonb
+// response and the code are given.
+key_store::Outcome outcome_value(const ResponseArguments& given) {
+  const auto size_of = [](const std::optional<Datum>& value) -> size_t {
+    if (!value) return 0;
+    const Datum raw = *value;
+    return pg_call([&] { return toast_raw_datum_size(raw); });
+  };
+  const size_t response_size = size_of(given.response);
+  const size_t body_size = size_of(given.body);
+  const size_t headers_size = size_of(given.headers);
+  const size_t size = response_size + body_size + headers_size;
   if (size > static_cast<size_t>(gucs::max_response_size))
     throw Error(ERRCODE_PROGRAM_LIMIT_EXCEEDED, "response is too large",
-                "The response has " + std::to_string(size) +
-                    " bytes; idempotency.max_response_size is " +
+                "The response has " + std::to_string(size) + " bytes (response " +
+                    std::to_string(response_size) + ", response_body " + std::to_string(body_size) +
+                    ", response_headers " + std::to_string(headers_size) +
+                    "); idempotency.max_response_size is " +
                     std::to_string(gucs::max_response_size) + ".");
-  return pg_call([&] { return DatumGetJsonbP(raw); });
+  key_store::Outcome outcome{};
+  outcome.response_code = given.code;
+  if (given.response) outcome.response = pg_call([&] { return DatumGetJsonbP(*given.response); });
+  if (given.body)
+    outcome.response_body =
+        reinterpret_cast<bytea*>(pg_call([&] { return PG_DETOAST_DATUM_PACKED(*given.body); }));
+  if (given.headers) {
+    outcome.response_headers = pg_call([&] { return DatumGetJsonbP(*given.headers); });
+    validate_headers(outcome.response_headers);
+  }
+  return outcome;
 }
 
 // ---------------------------------------------------------------------------------------
@@ -256,7 +456,8 @@ const OwnClaim* own_claim(const pg_uuid_t& token) {
     if (memcmp(own_claims[i].token.data, token.data, UUID_LEN) == 0) return &own_claims[i];
   if (more_own_claims == nullptr) return nullptr;
   // A lookup allocates nothing and cannot fail.
-  return static_cast<const OwnClaim*>(hash_search(more_own_claims, &token, HASH_FIND, nullptr));
+  return static_cast<const OwnClaim*>(
+      hash_search(more_own_claims, &token, HASH_FIND, nullptr));  // pg: a lookup cannot raise
 }
 
 // The hash table goes with TopTransactionContext.
@@ -268,6 +469,7 @@ void forget_own_claims(XactEvent, void*) {
 
 // A subtransaction rolled back takes its claims with it (and their rows' space may be
 // reused or truncated away). Every claim made since it began has an id at least its own.
+// pg-frame: a subtransaction callback, called by PostgreSQL (owns no C++ object).
 void forget_rolled_back_claims(SubXactEvent event, SubTransactionId rolled_back, SubTransactionId,
                                void*) {
   if (event != SUBXACT_EVENT_ABORT_SUB) return;
@@ -352,6 +554,8 @@ struct ClaimResult {
   Jsonb* response = nullptr;
   std::optional<int32> response_code = std::nullopt;
   bytea* fingerprint = nullptr;
+  bytea* response_body = nullptr;
+  Jsonb* response_headers = nullptr;
   text* recovery_point = nullptr;
   std::optional<int32> attempts = std::nullopt;
   std::optional<TimestampTz> created_at = std::nullopt;
@@ -359,7 +563,7 @@ struct ClaimResult {
   std::optional<int64> retry_after_us = std::nullopt;
 };
 
-constexpr int kResultFields = 10;
+constexpr int kResultFields = 12;
 
 // Storage that the Datums of one result point to, for as long as they are used.
 struct ResultStorage {
@@ -393,6 +597,8 @@ void fill_result(const ClaimResult& result, Oid status_type, Datum* values, bool
     storage.retry_after.time = *result.retry_after_us;
     set(9, IntervalPGetDatum(&storage.retry_after));
   }
+  if (result.response_body) set(10, PointerGetDatum(result.response_body));
+  if (result.response_headers) set(11, PointerGetDatum(result.response_headers));
 }
 
 Datum result_datum(FunctionCallInfo fcinfo, const ClaimResult& result) {
@@ -404,6 +610,12 @@ Datum result_datum(FunctionCallInfo fcinfo, const ClaimResult& result) {
   // The type cache's descriptor of a named composite type needs no blessing.
   return pg_call([&] {
     TupleDesc descriptor = lookup_rowtype_tupdesc(type, -1);
+    // A claim_result of an older version (before ALTER EXTENSION UPDATE) has fewer fields.
+    if (descriptor->natts != kResultFields)
+      ereport(ERROR,
+              (errcode(ERRCODE_DATATYPE_MISMATCH),
+               errmsg("claim_result has %d fields, not %d", descriptor->natts, kResultFields),
+               errhint("Run ALTER EXTENSION idempotency UPDATE in this database.")));
     HeapTuple tuple = heap_form_tuple(descriptor, values, nulls);
     ReleaseTupleDesc(descriptor);
     return HeapTupleGetDatum(tuple);
@@ -416,6 +628,8 @@ ClaimResult stored_answer(Status status, const KeyRow& row) {
   if (status == Status::kReplay) {
     result.response = row.response;
     result.response_code = row.response_code;
+    result.response_body = row.response_body;
+    result.response_headers = row.response_headers;
   }
   result.fingerprint = row.fingerprint;
   result.recovery_point = status == Status::kReplay ? row.recovery_point : nullptr;
@@ -482,9 +696,8 @@ key_store::ClaimValues claim_values(const ClaimRequest& request, TimestampTz now
 }
 
 ClaimResult claimed_answer(Status status, const key_store::ClaimValues& values,
-                           const key_store::RowAddress& where, int32 attempts,
-                           text* recovery_point, TimestampTz created_at, bytea* fingerprint,
-                           uint32 wait_slot) {
+                           const key_store::RowAddress& where, int32 attempts, text* recovery_point,
+                           TimestampTz created_at, bytea* fingerprint, uint32 wait_slot) {
   remember_own_claim(values.token, values.ttl, where);
   key_wait::touched(wait_slot);
   stats::count(status == Status::kClaimed ? stats::kClaimed : stats::kReclaimed);
@@ -502,7 +715,8 @@ ClaimResult claim(Session& store, const ClaimRequest& request) {
   const KeyName& name = request.name;
   int retries_without_sleep = 0;
   // Waiting (wait > 0) sleeps until a transaction that wrote this key ends (key_wait.hpp).
-  key_wait::Waiter waiter(name.wait_slot(request.caller.role), request.deadline > GetCurrentTimestamp());
+  key_wait::Waiter waiter(name.wait_slot(request.caller.role),
+                          request.deadline > GetCurrentTimestamp());
   for (bool first_look = true;; first_look = false) {
     waiter.prepare();  // before looking: a holder that ends after the look wakes us
     TimestampTz now = GetCurrentTimestamp();
@@ -545,8 +759,8 @@ ClaimResult claim(Session& store, const ClaimRequest& request) {
                                                                         : Session::Insert::kExists;
       }
       if (inserted == Session::Insert::kInserted)
-        return claimed_answer(Status::kClaimed, values, where, 1, nullptr, now,
-                              request.fingerprint, name.wait_slot(request.caller.role));
+        return claimed_answer(Status::kClaimed, values, where, 1, nullptr, now, request.fingerprint,
+                              name.wait_slot(request.caller.role));
       if (inserted == Session::Insert::kBusy) {
         // A claim of this key is in a transaction that is still open.
         if (now >= request.deadline) return in_progress(USECS_PER_SEC);
@@ -554,7 +768,8 @@ ClaimResult claim(Session& store, const ClaimRequest& request) {
         continue;
       }
       // A claim committed between our read and our insert; decide again from its row.
-    } else if (std::optional<KeyRow> locked = store.lock(request.caller.name, name.scope, name.key)) {
+    } else if (std::optional<KeyRow> locked =
+                   store.lock(request.caller.name, name.scope, name.key)) {
       // An existing row is taken over under its row lock (FOR UPDATE SKIP LOCKED): a
       // transaction that holds it makes us skip it, never wait, and no per-key lock is needed.
       Verdict current = judge(locked, request.fingerprint, now);
@@ -567,8 +782,9 @@ ClaimResult claim(Session& store, const ClaimRequest& request) {
       if (current == Verdict::kReclaimable) {
         key_store::ClaimValues values = claim_values(request, now);
         KeyRow renewed = store.reclaim(name.scope, name.key, values);
-        return claimed_answer(Status::kReclaimed, values, key_store::kNowhere, renewed.attempts, renewed.recovery_point, renewed.created_at,
-                              renewed.fingerprint, name.wait_slot(request.caller.role));
+        return claimed_answer(Status::kReclaimed, values, key_store::kNowhere, renewed.attempts,
+                              renewed.recovery_point, renewed.created_at, renewed.fingerprint,
+                              name.wait_slot(request.caller.role));
       }
       // The row changed since we read it: decide again.
     }
@@ -589,6 +805,7 @@ auto as_owner(FunctionCallInfo fcinfo, Work&& work) {
   caller::ActingAsOwner acting(installation,
                                caller::ActingAsOwner::SearchPath::kBeforeFirstStatement);
   Session store(installation.table, acting);
+  store.use_own_tokens([](const pg_uuid_t& token) { return own_claim(token) != nullptr; });
   auto result = work(static_cast<Session&>(store), installation);
   store.finish();
   return result;
@@ -633,8 +850,8 @@ bool same_token(const std::optional<pg_uuid_t>& stored, const pg_uuid_t& token) 
 
 // Explains why a fenced statement matched no row, by throwing; returns the row only when
 // the key was completed with this very token (the caller decides whether that is a no-op).
-KeyRow explain_fence(Session& store, const KeyName& name, const pg_uuid_t& token, const Caller& caller,
-                     TimestampTz now) {
+KeyRow explain_fence(Session& store, const KeyName& name, const pg_uuid_t& token,
+                     const Caller& caller, TimestampTz now) {
   std::optional<KeyRow> row = store.find(caller.name, name.scope, name.key);
   if (!row || row->expires_at <= now) reject_missing(name);
   if (row->completed && same_token(row->lease_token, token)) return *row;
@@ -661,11 +878,22 @@ KeyRow explain_fence(Session& store, const KeyName& name, const pg_uuid_t& token
               earlier_holder ? "" : "Pass the token that claim_key returned for this key.");
 }
 
-bool same_response(const KeyRow& row, Jsonb* response, std::optional<int32> response_code) {
-  if (row.response_code != response_code) return false;
-  if ((row.response == nullptr) != (response == nullptr)) return false;
-  if (response == nullptr) return true;
-  return pg_call([&] { return compareJsonbContainers(&row.response->root, &response->root) == 0; });
+// Equal as jsonb, or both NULL.
+bool same_jsonb(Jsonb* stored, Jsonb* given) {
+  if ((stored == nullptr) != (given == nullptr)) return false;
+  if (given == nullptr) return true;
+  return pg_call([&] { return compareJsonbContainers(&stored->root, &given->root) == 0; });
+}
+
+// The same outcome: equal jsonb responses, codes and headers, and the same body bytes (an
+// empty body is not no body).
+bool same_response(const KeyRow& row, const key_store::Outcome& outcome) {
+  if (row.response_code != outcome.response_code) return false;
+  if ((row.response_body == nullptr) != (outcome.response_body == nullptr)) return false;
+  if (outcome.response_body != nullptr && !same_bytes(row.response_body, outcome.response_body))
+    return false;
+  return same_jsonb(row.response, outcome.response) &&
+         same_jsonb(row.response_headers, outcome.response_headers);
 }
 
 // Completes the claim `token` of `name` (complete_key and complete_keys): the stored row,
@@ -696,7 +924,7 @@ KeyRow complete_one(Session& store, const KeyName& name, const pg_uuid_t& token,
     return *row;
   }
   KeyRow stored = explain_fence(store, name, token, caller, now);
-  if (!same_response(stored, outcome.response, outcome.response_code))
+  if (!same_response(stored, outcome))
     throw Error(
         ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE,
         "idempotency key " + name.describe() + " was already completed with another response");
@@ -707,9 +935,12 @@ Datum sql_complete_key(FunctionCallInfo fcinfo) {
   const Caller caller = calling("complete_key");
   KeyName name = key_arguments(fcinfo, 0, 4);
   pg_uuid_t token = token_argument(fcinfo, 1);
-  key_store::Outcome outcome{};
-  if (!PG_ARGISNULL(2)) outcome.response = response_value(PG_GETARG_DATUM(2));
-  if (!PG_ARGISNULL(3)) outcome.response_code = PG_GETARG_INT32(3);
+  ResponseArguments given;
+  if (!PG_ARGISNULL(2)) given.response = PG_GETARG_DATUM(2);
+  if (!PG_ARGISNULL(3)) given.code = PG_GETARG_INT32(3);
+  if (argument_given(fcinfo, 5)) given.body = PG_GETARG_DATUM(5);
+  if (argument_given(fcinfo, 6)) given.headers = PG_GETARG_DATUM(6);
+  const key_store::Outcome outcome = outcome_value(given);
   TimestampTz now = GetCurrentTimestamp();
 
   KeyRow completed = as_owner(fcinfo, [&](Session& store, const caller::Installation&) {
@@ -822,12 +1053,13 @@ ArrayArgument keys_argument(FunctionCallInfo fcinfo) {
 // memory context.
 class ElementWalk {
  public:
-  static constexpr int kMaxArrays = 4;
+  static constexpr int kMaxArrays = 6;
   ElementWalk(std::initializer_list<const ArrayArgument*> arrays) {
     for (const ArrayArgument* argument : arrays) {
       ArrayType* array = argument->array;
       iterators_[count_++] =
-          array == nullptr ? nullptr : pg_call([&] { return array_create_iterator(array, 0, nullptr); });
+          array == nullptr ? nullptr
+                           : pg_call([&] { return array_create_iterator(array, 0, nullptr); });
     }
   }
   // Moves every array to its next element.
@@ -921,7 +1153,7 @@ void for_each_element(FunctionCallInfo fcinfo, std::initializer_list<const Array
       MemoryContextSwitchTo(per_element);
       for_element(i, [&] { return check(walk, i); });
       MemoryContextSwitchTo(function_context);
-      MemoryContextReset(per_element);
+      MemoryContextReset(per_element);  // pg: a reset does not raise
     }
   }
   BatchOutput output = begin_batch_output(fcinfo);
@@ -931,9 +1163,10 @@ void for_each_element(FunctionCallInfo fcinfo, std::initializer_list<const Array
       walk.next();
       MemoryContextSwitchTo(per_element);
       store.use_context(per_element);
-      put_batch_row(output, i, walk.value(0), for_element(i, [&] { return work(store, at, walk); }));
+      put_batch_row(output, i, walk.value(0),
+                    for_element(i, [&] { return work(store, at, walk); }));
       MemoryContextSwitchTo(function_context);
-      MemoryContextReset(per_element);
+      MemoryContextReset(per_element);  // pg: a reset does not raise
     }
     return true;
   });
@@ -992,6 +1225,13 @@ Datum sql_complete_keys(FunctionCallInfo fcinfo) {
   const ArrayArgument codes = array_argument(fcinfo, 3, INT4OID, "response_codes", keys.count);
   if (PG_ARGISNULL(4)) reject_null_scope();
   text* scope = text_argument(fcinfo, 4);
+  const ArrayArgument bodies =
+      argument_given(fcinfo, 5) ? array_argument(fcinfo, 5, BYTEAOID, "response_bodies", keys.count)
+                                : ArrayArgument{};
+  const ArrayArgument headers =
+      argument_given(fcinfo, 6)
+          ? array_argument(fcinfo, 6, JSONBOID, "response_headers", keys.count)
+          : ArrayArgument{};
   const TimestampTz now = GetCurrentTimestamp();
   struct Completion {
     KeyName name;
@@ -1004,12 +1244,16 @@ Datum sql_complete_keys(FunctionCallInfo fcinfo) {
       throw Error(ERRCODE_NULL_VALUE_NOT_ALLOWED, "token must not be null", {},
                   "Pass the token that claim_keys returned for this key.");
     completion.token = *DatumGetUUIDP(walk.value(1));
-    if (!walk.is_null(2)) completion.outcome.response = response_value(walk.value(2));
-    if (!walk.is_null(3)) completion.outcome.response_code = DatumGetInt32(walk.value(3));
+    ResponseArguments given;
+    if (!walk.is_null(2)) given.response = walk.value(2);
+    if (!walk.is_null(3)) given.code = DatumGetInt32(walk.value(3));
+    if (!walk.is_null(4)) given.body = walk.value(4);
+    if (!walk.is_null(5)) given.headers = walk.value(5);
+    completion.outcome = outcome_value(given);
     return completion;
   };
   for_each_element(
-      fcinfo, {&keys, &tokens, &responses, &codes}, keys.count,
+      fcinfo, {&keys, &tokens, &responses, &codes, &bodies, &headers}, keys.count,
       [&](const ElementWalk& walk, int) {
         (void)completion_of(walk);
         return true;

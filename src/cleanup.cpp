@@ -5,6 +5,7 @@
 #include <algorithm>
 
 #include "caller.hpp"
+#include "installation_check.hpp"
 #include "cleanup_shared.hpp"
 #include "gucs.hpp"
 #include "key_store.hpp"
@@ -116,9 +117,11 @@ Row run_one_row(Oid relation, PlanId id, Datum* values, std::initializer_list<Oi
     shaped = shaped && TupleDescAttr(table->tupdesc, column++)->atttypid == type;
   if (shaped) {
     bool is_null = false;
-    row.count = DatumGetInt64(SPI_getbinval(table->vals[0], table->tupdesc, 1, &is_null));
+    // The columns are checked above and by value: SPI_getbinval cannot raise on them.
+    Datum count = SPI_getbinval(table->vals[0], table->tupdesc, 1, &is_null);  // pg: see above
+    row.count = DatumGetInt64(count);
     if (types.size() > 1) {
-      Datum time = SPI_getbinval(table->vals[0], table->tupdesc, 2, &is_null);
+      Datum time = SPI_getbinval(table->vals[0], table->tupdesc, 2, &is_null);  // pg: see above
       row.has_time = !is_null;
       row.time = is_null ? 0 : DatumGetTimestampTz(time);
     }
@@ -161,7 +164,8 @@ std::vector<Oid> key_relations(Oid table) {
                                TupleDescAttr(result->tupdesc, 0)->atttypid == INT8OID));
   for (uint64 i = 0; shaped && i < rows; ++i) {
     bool is_null = false;
-    Datum shard = SPI_getbinval(result->vals[i], result->tupdesc, 1, &is_null);
+    // The column is checked above and by value: SPI_getbinval cannot raise on it.
+    Datum shard = SPI_getbinval(result->vals[i], result->tupdesc, 1, &is_null);  // pg: see above
     if (!is_null) shards.push_back(DatumGetInt64(shard));
   }
   if (result != nullptr) pg_call([&] { SPI_freetuptable(result); });
@@ -268,6 +272,14 @@ enum class Step { kDone, kNotInstalled, kPaused };
 // installation's owner, and commits it. The installation is looked up and checked in every
 // transaction (caller.hpp). When the request obeys the pause, a batch made while the pause
 // was set is rolled back instead of committed.
+[[noreturn]] void reject_other_installation() {
+  throw Error(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE,
+              "idempotency_cleanup() sees another installation of the extension than its caller",
+              "The deletions run in a transaction of their own, which sees only what is "
+              "committed: the calling transaction dropped or created the extension.",
+              "Call idempotency_cleanup() after that transaction has committed.");
+}
+
 template <typename Body>
 Step in_transaction(const Request& request, Progress& progress, const char* activity, Body&& body) {
   pg_call([&] {
@@ -277,6 +289,19 @@ Step in_transaction(const Request& request, Progress& progress, const char* acti
     PushActiveSnapshot(GetTransactionSnapshot());
     pgstat_report_activity(STATE_RUNNING, activity);
   });
+  // The calling transaction may have dropped and created the extension: the committed
+  // installation's table, found by name without a lock (a full check would wait on the
+  // calling transaction's lock of the dropped table), tells.
+  if (OidIsValid(request.table)) {
+    const Oid committed = pg_call([] {
+      Oid extension = InvalidOid;
+      Oid schema = InvalidOid;
+      return installation_check::find_extension(&extension, &schema)
+                 ? get_relname_relid("idempotency_keys", schema)
+                 : InvalidOid;
+    });
+    if (OidIsValid(committed) && committed != request.table) reject_other_installation();
+  }
   std::optional<caller::Installation> installation = caller::of_database();
   Step step = Step::kDone;
   if (!installation)
@@ -284,11 +309,7 @@ Step in_transaction(const Request& request, Progress& progress, const char* acti
   else if (request.obey_pause && paused_here())
     step = Step::kPaused;
   if (installation && OidIsValid(request.table) && installation->table != request.table)
-    throw Error(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE,
-                "idempotency_cleanup() sees another installation of the extension than its caller",
-                "The deletions run in a transaction of their own, which sees only what is "
-                "committed: the calling transaction dropped or created the extension.",
-                "Call idempotency_cleanup() after that transaction has committed.");
+    reject_other_installation();
   if (step == Step::kDone) {
     caller::ActingAsOwner acting(*installation);
     pg_call([] {

@@ -151,8 +151,10 @@ void call_main(dsm_handle handle) {
   auto* call = static_cast<Call*>(dsm_segment_address(segment));
   worker_session::prepare_settings();
   // The caller is connected, so the database takes connections or the caller is a superuser
-  // who may connect anyway: the worker serves it either way.
-  BackgroundWorkerInitializeConnectionByOid(call->database, InvalidOid, BGWORKER_BYPASS_ALLOWCONN);
+  // who may connect anyway: the worker serves it either way. No C++ object of this frame
+  // exists yet, and a pg_call here would throw into the C entry point: a raise ends the worker.
+  BackgroundWorkerInitializeConnectionByOid(call->database, InvalidOid,
+                                            BGWORKER_BYPASS_ALLOWCONN);  // pg: see above
   worker_session::undo_database_settings();
   pgstat_report_appname("idempotency_cleanup()");
 
@@ -182,12 +184,18 @@ void call_main(dsm_handle handle) {
   if ((progress.installed || !failure.empty()) && !worker_session::stop_requested())
     stats::record_cleanup(MyDatabaseId, progress.deleted,
                           failure.empty() ? nullptr : failure.c_str());
-  ereport(DEBUG1, (errmsg_internal("idempotency_cleanup() of backend %d: %ld ms, " UINT64_FORMAT
-                                   " keys deleted, orphan pass %s, peak memory %zu bytes",
-                                   static_cast<int>(call->requester),
-                                   static_cast<long>((GetCurrentTimestamp() - started) / 1000),
-                                   progress.deleted, progress.orphan_pass ? "yes" : "no",
-                                   progress.peak_memory)));
+  // `failure` is alive, and nothing may be thrown out of this frame: a log line at most.
+  try {
+    pg_call([&] {
+      ereport(DEBUG1, (errmsg_internal("idempotency_cleanup() of backend %d: %ld ms, " UINT64_FORMAT
+                                       " keys deleted, orphan pass %s, peak memory %zu bytes",
+                                       static_cast<int>(call->requester),
+                                       static_cast<long>((GetCurrentTimestamp() - started) / 1000),
+                                       progress.deleted, progress.orphan_pass ? "yes" : "no",
+                                       progress.peak_memory)));
+    });
+  } catch (...) {
+  }
   call->deleted = progress.deleted;
   pg_write_barrier();
   call->finished = true;

@@ -4,6 +4,7 @@
 #include "cleanup_shared.hpp"
 
 #include "shared_memory.hpp"
+#include "siphash.hpp"
 
 namespace idem::cleanup_shared {
 namespace {
@@ -46,12 +47,13 @@ void role_changed(Datum, SyscacheId, uint32 hash_value) {
     roles_reset = true;
 }
 
-// The launcher's fingerprint of pg_authid: a keyed 64-bit hash of every (oid, name), sorted.
-// The key is random per launcher and never leaves it, so that no role can pick a name whose
-// hash would hide another role's disappearance.
+// The launcher's fingerprint of pg_authid: a keyed 64-bit hash (SipHash) of every (oid,
+// name), sorted. The key is random per launcher and never leaves it, so that no role can pick
+// a name whose hash would hide another role's disappearance.
 struct RoleSet {
   MemoryContext context = nullptr;
-  uint64 key = 0;
+  bool keyed = false;  // false if no random key could be had: every reset then counts
+  uint64 key[2] = {0, 0};
   uint64* hashes = nullptr;
   int count = 0;
 };
@@ -170,14 +172,18 @@ bool launcher_running() {
   return running;
 }
 
+// pg-frame: called by the launcher's plan_round only, itself a pg-frame (owns no C++ object).
 void check_roles() {
   if (shared == nullptr || !roles_reset) return;
   roles_reset = false;
   if (known_roles.context == nullptr) {
     known_roles.context =
         AllocSetContextCreate(TopMemoryContext, "idempotency roles", ALLOCSET_SMALL_SIZES);
-    if (!pg_strong_random(&known_roles.key, sizeof known_roles.key))
-      known_roles.key = static_cast<uint64>(GetCurrentTimestamp()) ^ static_cast<uint64>(MyProcPid);
+    known_roles.keyed = pg_strong_random(known_roles.key, sizeof known_roles.key);
+  }
+  if (!known_roles.keyed) {
+    pg_atomic_fetch_add_u64(&shared->role_generation, 1);
+    return;
   }
   MemoryContext old = MemoryContextSwitchTo(known_roles.context);
   int capacity = 64;
@@ -199,8 +205,9 @@ void check_roles() {
       capacity *= 2;
       hashes = static_cast<uint64*>(repalloc(hashes, capacity * sizeof(uint64)));
     }
-    hashes[count++] = hash_bytes_extended(reinterpret_cast<const unsigned char*>(&identity),
-                                          sizeof identity, known_roles.key);
+    SipHash24 hash(known_roles.key[0], known_roles.key[1]);
+    hash.update(reinterpret_cast<const unsigned char*>(&identity), sizeof identity);
+    hashes[count++] = hash.finish();
   }
   systable_endscan(scan);
   table_close(catalog, AccessShareLock);

@@ -135,6 +135,7 @@ bool served_by_setting(const char* name) {
 }
 
 // Grows `array` (of `capacity` elements of `size` bytes) in the launcher's context.
+// pg-frame: the launcher, a bgworker main; it owns no C++ object (its state is plain data).
 void* grown(LauncherState& state, void* array, int* capacity, size_t size) {
   const int wanted = *capacity == 0 ? 16 : *capacity * 2;
   MemoryContext old = MemoryContextSwitchTo(state.context);
@@ -182,9 +183,22 @@ void push_pending(LauncherState& state, Oid database) {
   state.pending[state.pending_count++] = database;
 }
 
+// A database that a failed DROP DATABASE left half dropped (datconnlimit -2, since 15.4 and
+// its back-patches). Guarded on the symbol that came with it, not on the minor version: 15.0
+// to 15.3 build too, and have no such state.
+bool half_dropped(Form_pg_database database) {
+#ifdef DATCONNLIMIT_INVALID_DB
+  return database_is_invalid_form(database);
+#else
+  (void)database;
+  return false;
+#endif
+}
+
 // Reads pg_database (a shared catalog: no database connection needed) in a transaction
 // that ends before this returns: the launcher holds no snapshot between rounds. Fills the
 // pending list with the databases to serve, and forgets what it knew of dropped ones.
+// pg-frame: the launcher, a bgworker main; it owns no C++ object (its state is plain data).
 void plan_round(LauncherState& state) {
   SetCurrentStatementStartTimestamp();
   StartTransactionCommand();
@@ -216,8 +230,7 @@ void plan_round(LauncherState& state) {
     existing[existing_count++] = database->oid;
     // Templates are skipped: a connection to template1 would make CREATE DATABASE fail.
     // So are databases that take no connections or are half dropped.
-    if (database->datistemplate || !database->datallowconn || database_is_invalid_form(database))
-      continue;
+    if (database->datistemplate || !database->datallowconn || half_dropped(database)) continue;
     if (!served_by_setting(NameStr(database->datname))) continue;
     // At most one worker per database, whoever started it.
     if (cleanup_shared::serving(database->oid)) continue;
@@ -247,6 +260,7 @@ void plan_round(LauncherState& state) {
 // Frees the registry entries of workers that have exited (or never started) and acts on how
 // their rounds ended. True while an entry of a previous launcher is still starting: the
 // launcher is not told when that one ends and looks again soon.
+// pg-frame: the launcher, a bgworker main; it owns no C++ object (its state is plain data).
 bool reap(LauncherState& state) {
   bool waiting_for_unknown = false;
   const TimestampTz now = GetCurrentTimestamp();
@@ -288,6 +302,7 @@ bool reap(LauncherState& state) {
 
 // The pool is full: counted for every database that waits for a worker, and a WARNING at
 // most once a minute.
+// pg-frame: the launcher, a bgworker main; it owns no C++ object (its state is plain data).
 void start_failed(LauncherState& state) {
   for (int i = state.pending_next; i < state.pending_count; ++i)
     stats::count_start_failure(state.pending[i]);
@@ -311,6 +326,7 @@ void start_failed(LauncherState& state) {
 
 // Starts workers for pending databases while registry entries allow; false when a
 // registration failed (every max_worker_processes slot is taken) and should be retried soon.
+// pg-frame: the launcher, a bgworker main; it owns no C++ object (its state is plain data).
 bool start_pending(LauncherState& state) {
   while (state.pending_next < state.pending_count) {
     const Oid database = state.pending[state.pending_next];
@@ -349,6 +365,8 @@ bool start_pending(LauncherState& state) {
   return true;
 }
 
+// The launcher's loop: a round of workers every interval, until SIGTERM.
+// pg-frame: the launcher, a bgworker main; it owns no C++ object (its state is plain data).
 void launcher_main() {
   pqsignal(SIGHUP, SignalHandlerForConfigReload);
   pqsignal(SIGTERM, launcher_sigterm);
@@ -470,13 +488,20 @@ cleanup_shared::Outcome run_round() noexcept {
     stats::record_cleanup(MyDatabaseId, progress.deleted,
                           failure.empty() ? nullptr : failure.c_str(),
                           progress.unfinished ? progress.resume_from : DT_NOBEGIN);
-  if (progress.installed)
-    ereport(DEBUG1,
-            (errmsg_internal(
-                "idempotency cleanup of database %u: round of %ld ms, " UINT64_FORMAT
-                " keys deleted, orphan pass %s, peak memory %zu bytes",
-                MyDatabaseId, static_cast<long>((GetCurrentTimestamp() - started) / 1000),
-                progress.deleted, progress.orphan_pass ? "yes" : "no", progress.peak_memory)));
+  // `failure` is alive and this function is noexcept: a log line at most.
+  if (progress.installed) {
+    try {
+      pg_call([&] {
+        ereport(DEBUG1,
+                (errmsg_internal(
+                    "idempotency cleanup of database %u: round of %ld ms, " UINT64_FORMAT
+                    " keys deleted, orphan pass %s, peak memory %zu bytes",
+                    MyDatabaseId, static_cast<long>((GetCurrentTimestamp() - started) / 1000),
+                    progress.deleted, progress.orphan_pass ? "yes" : "no", progress.peak_memory)));
+      });
+    } catch (...) {
+    }
+  }
   if (!failure.empty()) return Outcome::kFailed;
   if (!progress.installed) return progress.paused ? Outcome::kPaused : Outcome::kNotInstalled;
   if (progress.paused) return Outcome::kPaused;
@@ -484,6 +509,8 @@ cleanup_shared::Outcome run_round() noexcept {
   return progress.unfinished ? Outcome::kUnfinished : Outcome::kDone;
 }
 
+// A database worker: connects, runs one round, records how it ended.
+// pg-frame: a bgworker main; it owns no C++ object (the round's live in run_round, noexcept).
 void database_main(int index) {
   Registration registration;
   memcpy(&registration, MyBgworkerEntry->bgw_extra, sizeof registration);

@@ -34,7 +34,7 @@ void hash_scalar(Sha256& sha, const JsonbValue& value) {
 
 bytea* of_jsonb(Jsonb* document) {
   Sha256 sha;
-  JsonbIterator* it = JsonbIteratorInit(&document->root);
+  JsonbIterator* it = pg_call([&] { return JsonbIteratorInit(&document->root); });
   JsonbValue value;
   JsonbIteratorToken token;
   while ((token = pg_call([&] { return JsonbIteratorNext(&it, &value, false); })) != WJB_DONE) {

@@ -18,6 +18,7 @@ int cleanup_interval_ms = 60 * 1000;
 int cleanup_batch_size = 5000;
 int cleanup_delay_ms = 5;
 char* databases = nullptr;
+bool executor_path = false;
 bool cleanup_worker = true;
 
 namespace {
@@ -35,32 +36,35 @@ bool check_databases(char** newval, void** /*extra*/, GucSource /*source*/) {
 }  // namespace
 
 void define() {
+  // The defaults decide how long another role's keys live when its handler passes no ttl or
+  // lease: a database owner's ALTER DATABASE ... SET must not shorten them (a retry two
+  // seconds later would run the request again), so only a superuser (or a role granted SET
+  // on the parameter) sets them.
   DefineCustomIntVariable(
       "idempotency.default_ttl", "How long a key is kept when claim_key is given no ttl.",
       "A completed key is kept this long after completion.", &default_ttl_seconds, 24 * 60 * 60, 1,
-      INT_MAX, PGC_USERSET, GUC_UNIT_S, nullptr, nullptr, nullptr);
+      INT_MAX, PGC_SUSET, GUC_UNIT_S, nullptr, nullptr, nullptr);
   DefineCustomIntVariable(
       "idempotency.default_lease", "How long a claim is held when claim_key is given no lease.",
       "After the lease ends without complete_key, another caller may reclaim the key.",
-      &default_lease_seconds, 5 * 60, 1, INT_MAX, PGC_USERSET, GUC_UNIT_S, nullptr, nullptr,
-      nullptr);
+      &default_lease_seconds, 5 * 60, 1, INT_MAX, PGC_SUSET, GUC_UNIT_S, nullptr, nullptr, nullptr);
   DefineCustomIntVariable("idempotency.max_key_length", "Longest accepted key, in bytes.", nullptr,
                           &max_key_length, 255, 1, kKeyLengthCeiling, PGC_SUSET, 0, nullptr,
                           nullptr, nullptr);
-  DefineCustomIntVariable("idempotency.max_response_size",
-                          "Largest accepted stored response (jsonb), in bytes.", nullptr,
-                          &max_response_size, 1024 * 1024, 1, MaxAllocSize / 2, PGC_SUSET,
-                          GUC_UNIT_BYTE, nullptr, nullptr, nullptr);
+  DefineCustomIntVariable(
+      "idempotency.max_response_size", "Largest accepted stored response, in bytes.",
+      "The jsonb response, the body and the headers together.", &max_response_size, 1024 * 1024, 1,
+      MaxAllocSize / 2, PGC_SUSET, GUC_UNIT_BYTE, nullptr, nullptr, nullptr);
   // Every role that may call claim_key stores rows in a table it does not own: each value
   // is bounded, and the bounds are for superusers to set (PGC_SUSET).
   DefineCustomIntVariable("idempotency.max_ttl", "Longest ttl a claim may ask for.",
-                          "Also bounds idempotency.default_ttl, which any role can set.",
-                          &max_ttl_seconds, 30 * 24 * 60 * 60, 1, INT_MAX, PGC_SUSET, GUC_UNIT_S,
-                          nullptr, nullptr, nullptr);
+                          "Also bounds idempotency.default_ttl.", &max_ttl_seconds,
+                          30 * 24 * 60 * 60, 1, INT_MAX, PGC_SUSET, GUC_UNIT_S, nullptr, nullptr,
+                          nullptr);
   DefineCustomIntVariable(
       "idempotency.max_lease", "Longest lease a claim or checkpoint may ask for.",
-      "Also bounds idempotency.default_lease, which any role can set.", &max_lease_seconds,
-      24 * 60 * 60, 1, INT_MAX, PGC_SUSET, GUC_UNIT_S, nullptr, nullptr, nullptr);
+      "Also bounds idempotency.default_lease.", &max_lease_seconds, 24 * 60 * 60, 1, INT_MAX,
+      PGC_SUSET, GUC_UNIT_S, nullptr, nullptr, nullptr);
   DefineCustomIntVariable("idempotency.max_fingerprint_size",
                           "Largest accepted request fingerprint, in bytes.",
                           "request_fingerprint() gives 32 bytes (SHA-256).", &max_fingerprint_size,
@@ -84,6 +88,13 @@ void define() {
                              "Databases the cleanup worker serves (empty: every database).",
                              "A comma-separated list of database names.", &databases, "",
                              PGC_SIGHUP, 0, check_databases, nullptr, nullptr);
+  // A superuser's switch: every claim of the session through the kept SPI plans, as on
+  // Citus, so that the tests of the claim core cover that path too (test/paths).
+  DefineCustomBoolVariable(
+      "idempotency.executor_path",
+      "Route every claim through the executor (SPI) instead of the direct heap path; for tests "
+      "and diagnosis.",
+      nullptr, &executor_path, false, PGC_SUSET, 0, nullptr, nullptr, nullptr);
   // Superuser-only, so that no database owner can stop the cleanup of his database (the
   // worker reads a database's setting from pg_db_role_setting itself, before and after every
   // batch, whatever the settings it runs with: cleanup.cpp).

@@ -21,6 +21,9 @@ extern int max_recovery_point_size;
 // (owner, scope, key) must fit a B-Tree page's item limit (2704 bytes with 8 kB pages).
 constexpr int kKeyLengthCeiling = 1024;
 
+// idempotency.executor_path: every claim through the executor (key_heap::direct_path()).
+extern bool executor_path;
+
 // Read by the cleanup worker.
 extern int cleanup_interval_ms;
 extern int cleanup_batch_size;

@@ -1,6 +1,9 @@
 // Direct heap and index access to idempotency_keys (see key_heap.hpp).
 #include "key_heap.hpp"
 
+#include "citus_guard.hpp"
+#include "gucs.hpp"
+
 namespace idem::key_heap {
 namespace {
 
@@ -21,12 +24,14 @@ enum Column {
   kResponseCode,
   kUpdatedAt,
   kResponse,
+  kResponseBody,
+  kResponseHeaders,
   kColumnCount
 };
-// Each column as idempotency--1.0.sql creates it. A NOT NULL added to another column is a
-// constraint the direct path would not check, so such a table goes to the executor. The
-// status column is the extension's enum, checked by its kind (type InvalidOid here).
-// `claim_writes`: the executor's INSERT of a claim lists the column, so a default of it is
+// Each column as the scripts create it (1.0, and the response as sent added by 1.2). A NOT NULL
+// added to another column is a constraint the direct path would not check, so such a table goes to
+// the executor. The status column is the extension's enum, checked by its kind (type InvalidOid
+// here). `claim_writes`: the executor's INSERT of a claim lists the column, so a default of it is
 // never used; for the others the executor would fill in their default.
 struct ColumnSpec {
   const char* name;
@@ -52,11 +57,17 @@ constexpr ColumnSpec kColumns[kColumnCount] = {
     {"response_code", INT4OID, "integer", false, false},
     {"updated_at", TIMESTAMPTZOID, "timestamptz", true, true},
     {"response", JSONBOID, "jsonb", false, false},
+    {"response_body", BYTEAOID, "bytea", false, false},
+    {"response_headers", JSONBOID, "jsonb", false, false},
 };
 // The column behind each RowColumn of key_row.hpp (index 0 unused).
-constexpr Column kRowColumnSource[] = {
-    kStatus,      kStatus,   kFingerprint, kResponse,  kResponseCode, kRecoveryPoint, kLeaseToken,
-    kLockedUntil, kAttempts, kTtl,         kCreatedAt, kExpiresAt,    kLease};
+constexpr Column kRowColumnSource[] = {kStatus,       kStatus,        kFingerprint,    kResponse,
+                                       kResponseCode, kRecoveryPoint, kLeaseToken,     kLockedUntil,
+                                       kAttempts,     kTtl,           kCreatedAt,      kExpiresAt,
+                                       kLease,        kResponseBody,  kResponseHeaders};
+static_assert(sizeof kRowColumnSource / sizeof kRowColumnSource[0] ==
+                  key_store::kRowResponseHeaders + 1,
+              "one source column per RowColumn");
 
 // Indexes the direct path keeps open for a write. Generous: a cancelled REINDEX CONCURRENTLY
 // (which a database owner may run) leaves a copy of each index behind, and such leftovers must
@@ -71,6 +82,7 @@ constexpr int kMaxAttributes = 64;  // live and dropped columns of the table
 // key, entries in every plain B-Tree index, replica identity, serialization conflicts).
 enum class ExecutorReason {
   kNone,
+  kRequested,          // idempotency.executor_path (a superuser's switch, for tests)
   kNotHeapTable,       // a partition, another table access method, or too many columns
   kUserColumn,         // a column we do not know: its default and constraints
   kTypmod,             // a typmod (say timestamptz(0)) is a coercion
@@ -135,15 +147,15 @@ struct LayoutCheck {
 // role's name, so that a key names its role wherever its row moves.
 bool is_our_primary_key(Relation index, const Layout& l) {
   const Form_pg_index form = index->rd_index;
-  return form->indisprimary && form->indnkeyatts == 3 &&
-         form->indkey.values[0] == l.attnum[kKey] && form->indkey.values[1] == l.attnum[kScope] &&
-         form->indkey.values[2] == l.attnum[kOwner] &&
+  return form->indisprimary && form->indnkeyatts == 3 && form->indkey.values[0] == l.attnum[kKey] &&
+         form->indkey.values[1] == l.attnum[kScope] && form->indkey.values[2] == l.attnum[kOwner] &&
          index->rd_indcollation[0] == C_COLLATION_OID &&
          index->rd_indcollation[1] == C_COLLATION_OID &&
          index->rd_indcollation[2] == C_COLLATION_OID;
 }
 
 // Fills `l` from the open table.
+// pg-frame: runs inside pg_call only (owns no C++ object).
 LayoutCheck read_layout(Relation table, Layout& l) {
   TupleDesc desc = RelationGetDescr(table);
   auto needs = [&](ExecutorReason reason) {
@@ -249,10 +261,10 @@ void load_layout(Relation table) {
       throw Error(ERRCODE_UNDEFINED_OBJECT,
                   std::string("key_status has no label \"") + kStatusLabels[check.column] + "\"");
     case LayoutProblem::kPrimaryKey:
-      throw Error(
-          ERRCODE_UNDEFINED_OBJECT,
-          "idempotency_keys lacks its primary key (key, scope, owner) with collation \"C\"", {},
-          "A table made by an older version needs: ALTER EXTENSION idempotency UPDATE.");
+      throw Error(ERRCODE_UNDEFINED_OBJECT,
+                  "idempotency_keys lacks its primary key (key, scope, owner) with collation \"C\"",
+                  {},
+                  "A table made by an older version needs: ALTER EXTENSION idempotency UPDATE.");
     case LayoutProblem::kOldVersion:
       throw Error(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE,
                   "idempotency_keys was made by idempotency 1.1 or older",
@@ -267,6 +279,7 @@ void load_layout(Relation table) {
 // Per call (the relcache entry is current once the table is locked): the first reason of
 // ExecutorReason that applies to this write, kNone when the direct path may write.
 ExecutorReason needs_executor(Relation table) {
+  if (gucs::executor_path) return ExecutorReason::kRequested;
   if (layout.executor_reason != ExecutorReason::kNone) return layout.executor_reason;
   if (table->rd_rel->relispartition) return ExecutorReason::kNotHeapTable;
   if (table->trigdesc != nullptr) return ExecutorReason::kTrigger;
@@ -283,6 +296,7 @@ ExecutorReason needs_executor(Relation table) {
 }
 
 // Looks up (owner, scope, key) in the primary key with `snapshot`, leaving the row in `slot`.
+// pg-frame: runs inside pg_call only (owns no C++ object).
 bool probe(Relation table, Relation primary_key, Snapshot snapshot, text* owner, text* scope,
            text* key, TupleTableSlot* slot) {
   // In the index's column order (key, scope, owner), as B-Tree scans require.
@@ -305,6 +319,7 @@ bool probe(Relation table, Relation primary_key, Snapshot snapshot, text* owner,
 
 // Under REPEATABLE READ or SERIALIZABLE: the row in `slot` (found by a dirty snapshot) is
 // another transaction's, and invisible to this transaction's snapshot.
+// pg-frame: runs inside pg_call only (owns no C++ object).
 bool serialization_conflict(Relation table, TupleTableSlot* slot) {
   if (!IsolationUsesXactSnapshot()) return false;
   bool should_free = false;
@@ -322,6 +337,7 @@ struct Writer {
   Relation indexes[kMaxIndexes] = {};
 };
 
+// pg-frame: runs inside pg_call only (owns no C++ object).
 void close_writer(Writer& writer) {
   for (int i = 0; i < writer.index_count; ++i) index_close(writer.indexes[i], NoLock);
   if (writer.table != nullptr) table_close(writer.table, NoLock);
@@ -349,6 +365,7 @@ bool open_writer(Writer& writer, Oid table, AclMode privileges, const char* comm
   return direct;
 }
 
+// pg-frame: runs inside pg_call only (owns no C++ object).
 void open_indexes(Writer& writer) {
   for (int i = writer.index_count; i < layout.index_count; ++i)
     writer.indexes[writer.index_count++] = index_open(layout.index_oids[i], RowExclusiveLock);
@@ -369,6 +386,7 @@ Relation primary_key_of(const Writer& writer) {
 // index_insert returned (true when it was not among `indexes`): with UNIQUE_CHECK_PARTIAL,
 // false means another live version of the key may exist, and nothing waited for it.
 enum class Indexes { kAll, kPrimaryKey, kOthers };
+// pg-frame: runs inside pg_call only (owns no C++ object).
 bool insert_index_entries(Writer& writer, Datum* values, bool* nulls, ItemPointer tid,
                           std::optional<uint64> changed, Indexes indexes = Indexes::kAll,
                           IndexUniqueCheck primary_key_check = UNIQUE_CHECK_YES) {
@@ -422,6 +440,7 @@ bool file_is_new(Relation table) {
 #endif
 }
 
+// pg-frame: runs inside pg_call only (owns no C++ object).
 bool same_text(Datum stored, const text* given) {
   struct varlena* value = pg_detoast_datum_packed(reinterpret_cast<struct varlena*>(stored));
   return VARSIZE_ANY_EXHDR(value) == VARSIZE_ANY_EXHDR(given) &&
@@ -443,27 +462,16 @@ KeyRow decode_values(const Datum* values, const bool* nulls, MemoryContext conte
 
 }  // namespace
 
-namespace {
-
-// As INSERT .. ON CONFLICT does: a transaction that reads with one snapshot (REPEATABLE READ,
-// SERIALIZABLE) cannot decide from a version of the key committed after that snapshot.
-void raise_committed_after_snapshot(text* key) {
-  ereport(ERROR, (errcode(ERRCODE_T_R_SERIALIZATION_FAILURE),
-                  errmsg("could not serialize access due to concurrent update"),
-                  errdetail("Idempotency key \"%s\" was written by a transaction that "
-                            "committed after this transaction's snapshot.",
-                            text_to_cstring(key))));
-}
-
-}  // namespace
-
 bool available() {
   // Citus can only be loaded with the server (shared_preload_libraries), before any call
   // here, so the answer holds for the backend's life: looked up once, not on every call.
-  static const bool without_citus = GetConfigOption("citus.version", true, false) == nullptr;
+  static const bool without_citus = !citus_guard::citus_loaded();
   return without_citus;
 }
 
+// The one place that decides, per call, whether the table is reached directly at all
+// (reads and writes); the table's shape, and the superuser switch idempotency.executor_path,
+// then decide the writes (needs_executor).
 bool direct_path() {
   return available() && ExecutorCheckPerms_hook == nullptr && object_access_hook == nullptr;
 }
@@ -549,6 +557,7 @@ enum class Found { kNothing, kRow, kOpenClaim };
 // A version that another open transaction inserted is a claim in flight (kOpenClaim); any
 // other live version (committed, this transaction's own, or one that an open transaction
 // is deleting or updating) is a row for the caller to decide from again (kRow).
+// pg-frame: runs inside pg_call only (owns no C++ object).
 Found probe_dirty(Writer& writer, text* owner, text* scope, text* key) {
   TupleTableSlot* slot = table_slot_create(writer.table, nullptr);
   SnapshotData dirty;
@@ -642,8 +651,9 @@ InsertResult insert(Oid table, text* scope, text* key, const ClaimValues& claim,
 }
 
 std::optional<KeyRow> complete(Oid table, const key_store::RowAddress& where, text* scope,
-                               text* key, const pg_uuid_t& token, text* owner, const Outcome& outcome,
-                               TimestampTz now, TimestampTz expires_at, MemoryContext context) {
+                               text* key, const pg_uuid_t& token, text* owner,
+                               const Outcome& outcome, TimestampTz now, TimestampTz expires_at,
+                               MemoryContext context) {
   Writer writer;
   if (!open_writer(writer, table, ACL_UPDATE | ACL_SELECT, "UPDATE")) return std::nullopt;
   // The new row's columns; varlenas point into the new tuple (palloc'd, so they stay).
@@ -676,7 +686,8 @@ std::optional<KeyRow> complete(Oid table, const key_store::RowAddress& where, te
       return false;
     }
     uint64 changed = 0;
-    for (Column column : {kStatus, kResponseCode, kUpdatedAt, kResponse})
+    for (Column column :
+         {kStatus, kResponseCode, kUpdatedAt, kResponse, kResponseBody, kResponseHeaders})
       changed |= uint64{1} << at(column);
     if (DatumGetTimestampTz(values[at(kExpiresAt)]) != expires_at)
       changed |= uint64{1} << at(kExpiresAt);
@@ -686,6 +697,10 @@ std::optional<KeyRow> complete(Oid table, const key_store::RowAddress& where, te
     values[at(kUpdatedAt)] = TimestampTzGetDatum(now);
     values[at(kResponse)] = PointerGetDatum(outcome.response);
     nulls[at(kResponse)] = outcome.response == nullptr;
+    values[at(kResponseBody)] = PointerGetDatum(outcome.response_body);
+    nulls[at(kResponseBody)] = outcome.response_body == nullptr;
+    values[at(kResponseHeaders)] = PointerGetDatum(outcome.response_headers);
+    nulls[at(kResponseHeaders)] = outcome.response_headers == nullptr;
     values[at(kExpiresAt)] = TimestampTzGetDatum(expires_at);
     // The pin kept the old tuple's bytes in place until they are copied here.
     HeapTuple tuple = heap_form_tuple(desc, values, nulls);

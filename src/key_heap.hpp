@@ -25,6 +25,7 @@ namespace idem::key_heap {
 using key_store::ClaimValues;
 using key_store::KeyRow;
 using key_store::Outcome;
+using key_store::raise_committed_after_snapshot;
 
 // Citus keeps the rows in shards that only its planner routes to: there the local table is
 // an empty shell, and nothing here may be used.
@@ -77,8 +78,9 @@ InsertResult insert(Oid table, text* scope, text* key, const ClaimValues& claim,
 // nullopt means "not done here": the table needs the executor, or the row at `where` is no
 // longer that claim's live row; the executor path then decides (and explains a refusal).
 std::optional<KeyRow> complete(Oid table, const key_store::RowAddress& where, text* scope,
-                               text* key, const pg_uuid_t& token, text* owner, const Outcome& outcome,
-                               TimestampTz now, TimestampTz expires_at, MemoryContext context);
+                               text* key, const pg_uuid_t& token, text* owner,
+                               const Outcome& outcome, TimestampTz now, TimestampTz expires_at,
+                               MemoryContext context);
 
 // Registers the relcache callback that forgets a cached table layout when it changes.
 void on_load();

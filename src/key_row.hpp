@@ -14,7 +14,9 @@ struct KeyRow {
   bytea* fingerprint;  // nullptr = NULL
   Jsonb* response;     // nullptr = NULL
   std::optional<int32> response_code;
-  text* recovery_point;  // nullptr = NULL
+  bytea* response_body;     // nullptr = NULL
+  Jsonb* response_headers;  // nullptr = NULL
+  text* recovery_point;     // nullptr = NULL
   std::optional<pg_uuid_t> lease_token;
   std::optional<TimestampTz> locked_until;
   int32 attempts;
@@ -26,7 +28,7 @@ struct KeyRow {
 
 // Values of a fresh or renewed claim.
 struct ClaimValues {
-  text* owner;  // the claiming role's name
+  text* owner;         // the claiming role's name
   bytea* fingerprint;  // nullptr = NULL
   pg_uuid_t token;
   TimestampTz now;
@@ -36,10 +38,13 @@ struct ClaimValues {
   Interval lease;
 };
 
-// The stored outcome of a completion.
+// The stored outcome of a completion: the jsonb response and code of 1.0, and from 1.2 the
+// response as sent (its body's bytes and its headers), each optional.
 struct Outcome {
   Jsonb* response;  // nullptr = NULL
   std::optional<int32> response_code;
+  bytea* response_body;     // nullptr = NULL
+  Jsonb* response_headers;  // nullptr = NULL (a JSON object of strings or string arrays)
 };
 
 // Where a row written directly lives: its TID in one file of the table. A TRUNCATE or
@@ -68,7 +73,21 @@ enum RowColumn {
   kRowCreatedAt,
   kRowExpiresAt,
   kRowLease,
+  kRowResponseBody,
+  kRowResponseHeaders,
 };
+
+// As INSERT .. ON CONFLICT does: a transaction that reads with one snapshot (REPEATABLE READ,
+// SERIALIZABLE) cannot decide from a version of the key committed after that snapshot. Both
+// paths raise it where they find such a version.
+// pg-frame: raises; called inside pg_call.
+inline void raise_committed_after_snapshot(text* key) {
+  ereport(ERROR, (errcode(ERRCODE_T_R_SERIALIZATION_FAILURE),
+                  errmsg("could not serialize access due to concurrent update"),
+                  errdetail("Idempotency key \"%s\" was written by a transaction that "
+                            "committed after this transaction's snapshot.",
+                            text_to_cstring(key))));
+}
 
 // Builds a KeyRow from `column(number, &is_null)` (numbers of RowColumn; the status is
 // passed as `completed`), copying varlena values into `context` so they outlive the scan.
@@ -101,6 +120,8 @@ KeyRow decode_columns(ColumnReader&& column, bool completed, MemoryContext conte
   row.response = reinterpret_cast<Jsonb*>(copy_varlena(kRowResponse));
   Datum code = column(kRowResponseCode, &is_null);
   if (!is_null) row.response_code = DatumGetInt32(code);
+  row.response_body = reinterpret_cast<bytea*>(copy_varlena(kRowResponseBody));
+  row.response_headers = reinterpret_cast<Jsonb*>(copy_varlena(kRowResponseHeaders));
   row.recovery_point = reinterpret_cast<text*>(copy_varlena(kRowRecoveryPoint));
   Datum token = column(kRowLeaseToken, &is_null);
   if (!is_null) row.lease_token = *DatumGetUUIDP(token);

@@ -11,13 +11,16 @@ namespace {
 // The columns of a KeyRow, in the order of RowColumn (key_row.hpp).
 constexpr const char* kRowColumns =
     "status OPERATOR(pg_catalog.=) 'completed', fingerprint, response, response_code, "
-    "recovery_point, lease_token, locked_until, attempts, ttl, created_at, expires_at, lease";
+    "recovery_point, lease_token, locked_until, attempts, ttl, created_at, expires_at, lease, "
+    "response_body, response_headers";
 // The type of each column of kRowColumns: a result of another shape is refused before a
 // value of it is read (a statement re-planned against something else must never have its
 // values taken for ours).
 constexpr Oid kRowColumnTypes[] = {
-    BOOLOID,        BYTEAOID, JSONBOID,       INT4OID,        TEXTOID,       UUIDOID,
-    TIMESTAMPTZOID, INT4OID,  INTERVALOID,    TIMESTAMPTZOID, TIMESTAMPTZOID, INTERVALOID};
+    BOOLOID, BYTEAOID,    JSONBOID,       INT4OID,        TEXTOID,     UUIDOID,  TIMESTAMPTZOID,
+    INT4OID, INTERVALOID, TIMESTAMPTZOID, TIMESTAMPTZOID, INTERVALOID, BYTEAOID, JSONBOID};
+static_assert(sizeof kRowColumnTypes / sizeof kRowColumnTypes[0] == kRowResponseHeaders,
+              "one type per RowColumn");
 // A key is (owner, scope, key), the owner being the claiming role's name: $1 scope, $2 key, and
 // the owner where each statement has it.
 constexpr const char* kWhereKey =
@@ -74,8 +77,8 @@ PlanSpec spec_of(PlanId id, const std::string& table) {
       return {"UPDATE " + table +
                   " SET fingerprint = $4, attempts = 1, ttl = $5, lease = $10, created_at = $6,"
                   " expires_at = $7, lease_token = $8, locked_until = $9, recovery_point = NULL,"
-                  " status = 'processing', response_code = NULL, updated_at = $6, response = NULL"
-                  " WHERE " +
+                  " status = 'processing', response_code = NULL, updated_at = $6, response = NULL,"
+                  " response_body = NULL, response_headers = NULL WHERE " +
                   kWhereKey + kAndOwner3,
               claim_types};
     case kReclaim:
@@ -87,14 +90,14 @@ PlanSpec spec_of(PlanId id, const std::string& table) {
                   kWhereKey + kAndOwner3 + returning,
               claim_types};
     case kComplete:
-      // Only columns at the end of the row change (and expires_at keeps its value in the
-      // inbox pattern): a small, usually HOT, update.
+      // Columns at the end of the row change, and expires_at moves to the completion time +
+      // ttl (SPEC section 2): an update whose WAL record stays small.
       return {"UPDATE " + table +
                   " SET status = 'completed', response_code = $7, updated_at = $5, response = $6,"
-                  " expires_at = $8 WHERE " +
+                  " expires_at = $8, response_body = $9, response_headers = $10 WHERE " +
                   fence + returning,
               {TEXTOID, TEXTOID, UUIDOID, TEXTOID, TIMESTAMPTZOID, JSONBOID, INT4OID,
-               TIMESTAMPTZOID}};
+               TIMESTAMPTZOID, BYTEAOID, JSONBOID}};
     case kRelease:
       return {"UPDATE " + table +
                   " SET lease_token = NULL, locked_until = NULL, updated_at = $5 WHERE " + fence,
@@ -147,13 +150,19 @@ void prepare_plans(Oid table) {
   cache.table = table;
 }
 
-// Runs a prepared statement; returns the number of rows it processed.
+// Runs a prepared statement; returns the number of rows it processed. The caller's memory
+// context stays current (SPI leaves its own procedure context current after every call, where
+// whatever the caller allocates next would pile up until SPI_finish).
 uint64 run(PlanId id, Datum* values, const char* nulls, bool read_only, long limit) {
   // The previous result was decoded (copied) already: free it, or a batch's results would
   // pile up in the SPI connection's memory until it closes.
   if (SPI_tuptable != nullptr) pg_call([] { SPI_freetuptable(SPI_tuptable); });
-  int rc =
-      pg_call([&] { return SPI_execute_plan(cache.plans[id], values, nulls, read_only, limit); });
+  MemoryContext caller_context = CurrentMemoryContext;
+  int rc = pg_call([&] {
+    int result = SPI_execute_plan(cache.plans[id], values, nulls, read_only, limit);
+    MemoryContextSwitchTo(caller_context);
+    return result;
+  });
   if (rc < 0)
     throw Error(ERRCODE_INTERNAL_ERROR, "idempotency_keys statement failed",
                 SPI_result_code_string(rc));
@@ -173,7 +182,7 @@ KeyRow decode(uint64 index, MemoryContext context) {
                 "a statement on idempotency_keys returned columns of unexpected types", {},
                 "Drop and create the extension idempotency again.");
   auto column = [&](int number, bool* is_null) {
-    return SPI_getbinval(tuple, desc, number, is_null);
+    return SPI_getbinval(tuple, desc, number, is_null);  // pg: a column of the checked shape
   };
   bool is_null = false;
   return decode_columns(column, DatumGetBool(column(1, &is_null)), context);
@@ -184,6 +193,18 @@ Datum nullable(const void* pointer) {
 }
 char null_flag(const void* pointer) {
   return pointer == nullptr ? 'n' : ' ';
+}
+
+// The same version of a key: any write of a claim, completion, release, checkpoint or take-over
+// changes one of these.
+bool same_version(const std::optional<KeyRow>& a, const std::optional<KeyRow>& b) {
+  if (!a || !b) return !a && !b;
+  const bool same_token =
+      a->lease_token.has_value() == b->lease_token.has_value() &&
+      (!a->lease_token || memcmp(a->lease_token->data, b->lease_token->data, UUID_LEN) == 0);
+  return a->completed == b->completed && same_token && a->locked_until == b->locked_until &&
+         a->attempts == b->attempts && a->created_at == b->created_at &&
+         a->expires_at == b->expires_at;
 }
 
 }  // namespace
@@ -205,7 +226,12 @@ Session::Session(Oid table, caller::ActingAsOwner& acting)
 void Session::connect() {
   if (connected_) return;
   acting_.pin_search_path();
-  int rc = pg_call([] { return SPI_connect(); });
+  MemoryContext caller_context = CurrentMemoryContext;
+  int rc = pg_call([&] {
+    int result = SPI_connect();
+    MemoryContextSwitchTo(caller_context);  // see run()
+    return result;
+  });
   if (rc != SPI_OK_CONNECT) throw Error(ERRCODE_INTERNAL_ERROR, "SPI_connect failed");
   connected_ = true;
   if (cache.table != table_) prepare_plans(table_);
@@ -230,8 +256,24 @@ void Session::finish() {
 std::optional<KeyRow> Session::peek(text* owner, text* scope, text* key, bool* absent,
                                     bool fresh_snapshot) {
   *absent = false;
-  if (!key_heap::direct_path() || !ActiveSnapshotSet())
-    return find(owner, scope, key, fresh_snapshot);
+  if (!key_heap::direct_path() || !ActiveSnapshotSet()) {
+    // At READ COMMITTED every look takes a new snapshot, as the direct look decides an
+    // undecided version with one.
+    std::optional<KeyRow> row =
+        find(owner, scope, key, fresh_snapshot || !IsolationUsesXactSnapshot());
+    // A snapshot transaction that waited, reading through the executor: it would never see
+    // the holder's end, so where a version committed after its snapshot exists it gets 40001
+    // (as the direct look raises it) instead of sleeping out its wait; the key is read again
+    // as of now. A first look answers as a SELECT would. A newer version that holds one of
+    // this transaction's own tokens is its own write, no conflict.
+    if (fresh_snapshot && IsolationUsesXactSnapshot() && ActiveSnapshotSet()) {
+      const std::optional<KeyRow> now = find_as_of_now(owner, scope, key);
+      const bool own =
+          now && now->lease_token && own_token_ != nullptr && own_token_(*now->lease_token);
+      if (!own && !same_version(row, now)) pg_call([&] { raise_committed_after_snapshot(key); });
+    }
+    return row;
+  }
   std::optional<KeyRow> row;
   switch (key_heap::look(table_, owner, scope, key, caller_context_, &row)) {
     case key_heap::Seen::kNothing:
@@ -253,6 +295,23 @@ std::optional<KeyRow> Session::find(text* owner, text* scope, text* key, bool fr
   bool read_only = !fresh_snapshot && ActiveSnapshotSet();
   if (execute(kFind, values, nullptr, read_only, 1) == 0) return std::nullopt;
   return decode(0, caller_context_);
+}
+
+std::optional<KeyRow> Session::find_as_of_now(text* owner, text* scope, text* key) {
+  Datum values[] = {PointerGetDatum(scope), PointerGetDatum(key), PointerGetDatum(owner)};
+  connect();
+  pg_call([] {
+    const CommandId statement_command = GetActiveSnapshot()->curcid;
+    PushCopiedSnapshot(GetLatestSnapshot());
+    GetActiveSnapshot()->curcid = statement_command;
+  });
+  // read_only: SPI runs the statement with the active snapshot, the one pushed here. An error
+  // leaves it to transaction abort, which pops every snapshot.
+  const uint64 found = run(kFind, values, nullptr, true, 1);
+  std::optional<KeyRow> row;
+  if (found > 0) row = decode(0, caller_context_);
+  pg_call([] { PopActiveSnapshot(); });
+  return row;
 }
 
 std::optional<KeyRow> Session::lock(text* owner, text* scope, text* key) {
@@ -333,10 +392,14 @@ std::optional<KeyRow> Session::complete(text* scope, text* key, const pg_uuid_t&
                     TimestampTzGetDatum(now),
                     nullable(outcome.response),
                     Int32GetDatum(outcome.response_code.value_or(0)),
-                    TimestampTzGetDatum(expires_at)};
-  char nulls[] = "        ";
+                    TimestampTzGetDatum(expires_at),
+                    nullable(outcome.response_body),
+                    nullable(outcome.response_headers)};
+  char nulls[] = "          ";
   nulls[5] = null_flag(outcome.response);
   nulls[6] = outcome.response_code ? ' ' : 'n';
+  nulls[8] = null_flag(outcome.response_body);
+  nulls[9] = null_flag(outcome.response_headers);
   if (execute(kComplete, values, nulls, false, 0) != 1) return std::nullopt;
   return decode(0, caller_context_);
 }

@@ -26,6 +26,8 @@ class Session {
   // Where varlena values of the rows read are copied from now on (a batch empties a
   // context per element).
   void use_context(MemoryContext context) { caller_context_ = context; }
+  // Tells this transaction's own claim tokens (peek() on the executor path needs it).
+  void use_own_tokens(bool (*own_token)(const pg_uuid_t&)) { own_token_ = own_token; }
 
   // Closes the SPI connection; the destructor leaves an unfinished one to transaction
   // abort, which is the only way it is left unfinished.
@@ -43,6 +45,9 @@ class Session {
   // calling statement's snapshot (cheaper; right for a first look), else with a new one
   // (needed to see commits while waiting).
   std::optional<KeyRow> find(text* owner, text* scope, text* key, bool fresh_snapshot = true);
+  // The row as of now (a new snapshot, the statement's command id), through SPI: tells a
+  // snapshot transaction on the executor path that a version it cannot see exists.
+  std::optional<KeyRow> find_as_of_now(text* owner, text* scope, text* key);
   // Locks the newest version of the row, skipping it if another transaction has it locked.
   std::optional<KeyRow> lock(text* owner, text* scope, text* key);
   // Inserts a fresh claim without any per-key lock, where the table can be written
@@ -81,6 +86,7 @@ class Session {
   uint64 execute_claim(int plan, text* scope, text* key, const ClaimValues& claim);
 
   MemoryContext caller_context_;
+  bool (*own_token_)(const pg_uuid_t&) = nullptr;
   Oid table_;
   caller::ActingAsOwner& acting_;
   bool connected_ = false;

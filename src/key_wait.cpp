@@ -3,6 +3,7 @@
 
 #include "pg_boundary.hpp"
 #include "shared_memory.hpp"
+#include "siphash.hpp"
 
 namespace idem::key_wait {
 namespace {
@@ -12,6 +13,8 @@ constexpr uint32 kSlots = 1024;
 constexpr long kSafetyNetMs = 200;
 
 struct SharedSlots {
+  // The key of the slots' hash, made when the shared memory is (once per cluster start).
+  uint64 secret[2];
   ConditionVariable variables[kSlots];
 };
 SharedSlots* shared = nullptr;
@@ -20,8 +23,15 @@ SharedSlots* shared = nullptr;
 uint64 touched_slots[kSlots / 64];
 bool any_touched = false;
 
+// pg-frame: the shmem startup hook, at postmaster start; owns no C++ object.
 void initialize(SharedSlots* slots) {
+  if (!pg_strong_random(slots->secret, sizeof slots->secret))
+    ereport(FATAL, (errmsg("could not generate the secret of the idempotency key waits")));
   for (ConditionVariable& variable : slots->variables) ConditionVariableInit(&variable);
+}
+
+const unsigned char* bytes_of(const void* data) {
+  return static_cast<const unsigned char*>(data);
 }
 
 void forget_touched() {
@@ -64,12 +74,17 @@ void on_load() {
 
 uint32 slot_of(Oid owner, const char* scope, size_t scope_length, const char* key,
                size_t key_length) {
-  uint32 hash =
-      hash_bytes(reinterpret_cast<const unsigned char*>(key), static_cast<int>(key_length));
-  hash = hash_combine(hash, hash_bytes(reinterpret_cast<const unsigned char*>(scope),
-                                       static_cast<int>(scope_length)));
-  hash = hash_combine(hash, hash_bytes_uint32(owner));
-  return hash % kSlots;
+  if (shared == nullptr) return 0;  // no slots: waiters poll
+  // Slots are shared by every role and database of the cluster: a keyed hash (whose key no
+  // role can read) of the database and the key's identity, so that no role can compute a
+  // key of its own that shares a slot with another's, and wake-ups in one slot tell nothing.
+  // The scope is length-prefixed: no two identities give the same input.
+  SipHash24 hash(shared->secret[0], shared->secret[1]);
+  hash.update_word(uint64{MyDatabaseId} | (uint64{owner} << 32));
+  hash.update_word(scope_length);
+  hash.update(bytes_of(scope), scope_length);
+  hash.update(bytes_of(key), key_length);
+  return static_cast<uint32>(hash.finish() % kSlots);
 }
 
 void touched(uint32 slot) {

@@ -1,7 +1,8 @@
 // Waiting for a key's holder without polling (SPEC §3.1, `wait` > 0; issue #15).
 //
 // With shared_preload_libraries, shared memory holds a small array of condition variables,
-// one per slot of a hash of the key's identity (owner, scope, key). A transaction that wrote
+// one per slot of a keyed hash (SipHash-2-4, siphash.hpp, with a secret made at server start)
+// of the database and the key's identity (owner, scope, key). A transaction that wrote
 // a key (a claim, a completion, a release) remembers the key's slot; when it ends (commit or
 // abort, after it became visible to others), it wakes every waiter of its slots. A waiter
 // sleeps on its key's slot and looks at the key again when woken: a collision of two keys in
@@ -22,7 +23,7 @@ void install_shared_memory_hooks();
 // Registers the transaction callback that wakes the waiters (every backend).
 void on_load();
 
-// The slot of a key.
+// The slot of a key of the current database (0 without shared memory).
 uint32 slot_of(Oid owner, const char* scope, size_t scope_length, const char* key,
                size_t key_length);
 // This transaction wrote a key of `slot`: its end wakes the slot's waiters.

@@ -33,6 +33,7 @@ void record_failure(int sqlstate, const char* message, const char* detail, const
   copy_truncated(failure.hint, sizeof failure.hint, hint);
 }
 
+// pg-frame: the boundary itself: no C++ object is alive here.
 ErrorData* run_catching_pg_errors(void (*thunk)(void*), void* context) {
   MemoryContext caller_context = CurrentMemoryContext;
   ErrorData* volatile caught = nullptr;
@@ -49,6 +50,7 @@ ErrorData* run_catching_pg_errors(void (*thunk)(void*), void* context) {
   return caught;
 }
 
+// pg-frame: the boundary itself: no C++ object is alive here.
 void raise_error(ErrorData* pg_error) {
   if (pg_error != nullptr) ReThrowError(pg_error);
   ereport(ERROR, (errcode(failure.sqlstate), errmsg_internal("%s", failure.message),

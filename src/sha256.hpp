@@ -35,7 +35,8 @@ class Sha256 {
   }
   // The digest as a palloc'd bytea.
   bytea* finish() {
-    auto* result = static_cast<bytea*>(palloc(VARHDRSZ + PG_SHA256_DIGEST_LENGTH));
+    auto* result =
+        static_cast<bytea*>(pg_call([] { return palloc(VARHDRSZ + PG_SHA256_DIGEST_LENGTH); }));
     SET_VARSIZE(result, VARHDRSZ + PG_SHA256_DIGEST_LENGTH);
     finish_into(reinterpret_cast<uint8*>(VARDATA(result)));
     return result;

@@ -74,6 +74,7 @@ bool stop_requested() {
   return stop;
 }
 
+// pg-frame: called by the worker mains before any C++ object of theirs exists.
 void prepare_settings() {
   // PGC_S_OVERRIDE outranks the settings of databases and roles, which the connection
   // applies next: these hold while connecting and after.
@@ -101,6 +102,7 @@ void prepare_settings() {
   MemoryContextSwitchTo(old);
 }
 
+// pg-frame: called by the worker mains before any C++ object of theirs exists.
 void undo_database_settings() {
   StartTransactionCommand();
   for (int i = 0; i < remembered_count; ++i) {

@@ -28,6 +28,7 @@ IDEM_PACKAGES=(
   python3-psycopg
   libfaketime
   pgbouncer
+  postgresql-15-pgaudit
   make
   g++
 )
@@ -54,7 +55,7 @@ else
   idem_kept=()
   for idem_pkg in "${IDEM_PACKAGES[@]}"; do
     [[ $idem_pkg == postgresql-15 || $idem_pkg == postgresql-server-dev-15 ||
-      $idem_pkg == postgresql-15-pgtap ]] || idem_kept+=("$idem_pkg")
+      $idem_pkg == postgresql-15-pgtap || $idem_pkg == postgresql-15-pgaudit ]] || idem_kept+=("$idem_pkg")
   done
   IDEM_PACKAGES=("${idem_kept[@]}")
   unset idem_kept idem_pkg
@@ -99,14 +100,33 @@ ensure_packages() {
   if [[ ! -e $policy ]]; then
     printf '#!/bin/sh\nexit 101\n' >"$policy" && chmod 755 "$policy" && made_policy=1
   fi
-  local rc=0 log
+  local rc=0 log step deadline=$((SECONDS + 600))
   log="$(mktemp /tmp/idempotency-apt.XXXXXX)"
-  { apt-get update -qq && apt-get install -y -q --no-install-recommends "${missing[@]}"; } \
-    >"$log" 2>&1 || rc=$?
+  # Another apt or dpkg (unattended-upgrades, a second run) may hold the package manager's
+  # locks: wait for them, up to 10 minutes, instead of failing. apt-get install waits by
+  # itself (DPkg::Lock::Timeout); apt-get update does not wait for the lists' lock (apt 2.6),
+  # so a step refused for a lock is tried again until the deadline.
+  for step in update install; do
+    while :; do
+      rc=0
+      if [[ $step == update ]]; then
+        apt-get -o DPkg::Lock::Timeout=600 update -qq >"$log.step" 2>&1 || rc=$?
+      else
+        apt-get -o DPkg::Lock::Timeout=600 install -y -q --no-install-recommends "${missing[@]}" \
+          >"$log.step" 2>&1 || rc=$?
+      fi
+      cat "$log.step" >>"$log"
+      ((rc != 0)) && grep -q 'Could not get lock' "$log.step" && ((SECONDS < deadline)) || break
+      idem_log "apt-get $step: the package manager is busy (another apt or dpkg); waiting ..."
+      sleep 5
+    done
+    rm -f "$log.step"
+    ((rc == 0)) || break
+  done
   ((made_policy)) && rm -f "$policy"
   if ((rc != 0)); then
     tail -30 "$log" >&2
-    idem_die "apt-get install failed (exit $rc); the whole log is $log"
+    idem_die "apt-get $step failed (exit $rc); the whole log is $log"
   fi
   rm -f "$log"
   mapfile -t missing < <(idem_missing_packages)

@@ -2,12 +2,13 @@
 // pgx v4 (inbox pattern: claim, business write, complete, COMMIT in one transaction).
 // The extension lives in its own schema, idempotency: the role the handler connects as
 // needs USAGE on it (as a superuser, once: CREATE EXTENSION idempotency; GRANT USAGE ON
-// SCHEMA idempotency TO app) and CREATE on a schema of its search_path for its table
-// accounts (the owner of its database has it); the functions are called schema-qualified.
+// SCHEMA idempotency TO app) and CREATE in the database's public schema for its table
+// go_accounts (the owner of the database has it); the functions are called schema-qualified.
+// The connection: a URL as the argument, else the PG* environment (PGHOST, PGPORT, ...).
 // To try it (examples/README.md; the examples suite runs the Debian line):
 //
-//	go mod init example && go get github.com/jackc/pgx/v4 && go run . "postgres:///app?user=app"
-//	GO111MODULE=off GOPATH=/usr/share/gocode go run inbox.go "postgres:///app?user=app"   # Debian's golang-github-jackc-pgx-v4-dev
+//	go mod init example && go get github.com/jackc/pgx/v4 && go run .
+//	GO111MODULE=off GOPATH=/usr/share/gocode go run inbox.go   # Debian's golang-github-jackc-pgx-v4-dev
 package main
 
 import (
@@ -39,7 +40,7 @@ func HandleOnce(ctx context.Context, pool *pgxpool.Pool, key string, payload []b
 		var retryAfter *float64
 		err := tx.QueryRow(ctx,
 			`SELECT status::text, token::text, response::text, extract(epoch FROM retry_after)::float8
-			   FROM idempotency.claim_key($1, idempotency.request_fingerprint($2::text::jsonb))`,
+			   FROM idempotency.claim_key($1::text, idempotency.request_fingerprint($2::text::jsonb))`,
 			key, string(payload)).Scan(&status, &token, &response, &retryAfter)
 		if err != nil {
 			return err
@@ -53,7 +54,7 @@ func HandleOnce(ctx context.Context, pool *pgxpool.Pool, key string, payload []b
 			if result, err = json.Marshal(out); err != nil {
 				return err
 			}
-			_, err = tx.Exec(ctx, `SELECT idempotency.complete_key($1, $2::text::uuid, $3::text::jsonb)`,
+			_, err = tx.Exec(ctx, `SELECT idempotency.complete_key($1::text, $2::text::uuid, $3::text::jsonb)`,
 				key, *token, string(result))
 			return err // nil: BeginFunc commits the key, the effect and the outcome together
 		case "replay":
@@ -70,13 +71,17 @@ func HandleOnce(ctx context.Context, pool *pgxpool.Pool, key string, payload []b
 
 func main() {
 	ctx := context.Background()
-	pool, err := pgxpool.Connect(ctx, os.Args[1])
+	connString := "" // the PG* environment
+	if len(os.Args) > 1 {
+		connString = os.Args[1]
+	}
+	pool, err := pgxpool.Connect(ctx, connString)
 	if err != nil {
 		panic(err)
 	}
 	defer pool.Close()
 	// The business table (the role owns its database, so it may create it).
-	if _, err := pool.Exec(ctx, `CREATE TABLE IF NOT EXISTS accounts (
+	if _, err := pool.Exec(ctx, `CREATE TABLE IF NOT EXISTS go_accounts (
 	    id text PRIMARY KEY, balance bigint NOT NULL DEFAULT 0)`); err != nil {
 		panic(err)
 	}
@@ -84,8 +89,8 @@ func main() {
 	for delivery := 1; delivery <= 2; delivery++ { // the broker delivers the message twice
 		out, replayed, err := HandleOnce(ctx, pool, "go-pay-1", msg, func(tx pgx.Tx) (any, error) {
 			var balance int64
-			err := tx.QueryRow(ctx, `INSERT INTO accounts (id, balance) VALUES ('alice', 100)
-			    ON CONFLICT (id) DO UPDATE SET balance = accounts.balance + 100
+			err := tx.QueryRow(ctx, `INSERT INTO go_accounts (id, balance) VALUES ('alice', 100)
+			    ON CONFLICT (id) DO UPDATE SET balance = go_accounts.balance + 100
 			    RETURNING balance`).Scan(&balance)
 			return map[string]int64{"balance": balance}, err
 		})

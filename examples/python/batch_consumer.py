@@ -20,14 +20,17 @@ the whole batch back, and the redelivered batch is claimed afresh. Per message:
 No per-key lock is kept, so a batch may hold thousands of keys in one transaction.
 
 Usage:
-    batch_consumer.py --dsn "dbname=app user=app" --setup --setup-dsn "dbname=app user=postgres" \\
-                      [--batch-size 100] [--crash-batch 2] [messages.jsonl ...]
+    batch_consumer.py [--dsn DSN] [--setup [--setup-dsn DSN]] [--batch-size 100]
+                      [--crash-batch 2] [messages.jsonl ...]
 
 Messages are JSON lines: {"id": "m-1", "account": "alice", "amount": 100} (the file of
 consumer.py works). Reads stdin when no file is given. Prints one line per batch and, at the
-end, the balances and a check that no message was applied twice. Needs psycopg 3 (Debian:
-python3-psycopg) and the idempotency extension 1.1 in the database; the role needs USAGE on
-schema idempotency (--setup grants it, connected with --setup-dsn as a superuser).
+end, the balances and a check that no message was applied twice. Its tables are its own,
+batch_accounts and batch_ledger. Needs psycopg 3 (Debian: python3-psycopg) and the
+idempotency extension 1.1 or later in the database; the connection comes from --dsn, else
+from the PG* environment. The role needs USAGE on schema idempotency (a superuser grants it);
+--setup creates the tables, through --setup-dsn when the role may not (they are then granted
+to it).
 """
 
 import argparse
@@ -37,20 +40,24 @@ import time
 
 import psycopg
 
+from consumer import setup  # consumer.py, beside this file: the tables' set-up and grants
+
 SCOPE = "payments-batch-consumer"
 
 SETUP_SQL = """
 CREATE EXTENSION IF NOT EXISTS idempotency;
-ALTER EXTENSION idempotency UPDATE;
-CREATE TABLE IF NOT EXISTS accounts (id text PRIMARY KEY, balance bigint NOT NULL DEFAULT 0);
+CREATE TABLE IF NOT EXISTS batch_accounts (id text PRIMARY KEY, balance bigint NOT NULL DEFAULT 0);
 -- Deliberately no unique constraint on message_id: only the idempotency keys keep an
 -- effect from being applied twice.
-CREATE TABLE IF NOT EXISTS ledger (
+CREATE TABLE IF NOT EXISTS batch_ledger (
   entry bigserial PRIMARY KEY, message_id text NOT NULL, account text NOT NULL,
   amount bigint NOT NULL, at timestamptz NOT NULL DEFAULT now());
+"""
+# When another role (a superuser) sets up: the grants the consumer's role needs.
+GRANT_SQL = """
 GRANT USAGE ON SCHEMA idempotency TO {role};
-GRANT SELECT, INSERT, UPDATE ON accounts, ledger TO {role};
-GRANT USAGE ON SEQUENCE ledger_entry_seq TO {role};
+GRANT SELECT, INSERT, UPDATE ON batch_accounts, batch_ledger TO {role};
+GRANT USAGE ON SEQUENCE batch_ledger_entry_seq TO {role};
 """
 
 # One row per message, in input order. The fingerprints are computed by the server from the
@@ -62,7 +69,7 @@ SELECT c.ordinality, c.key, c.status::text, c.token, c.response,
          %(ids)s::text[],
          ARRAY(SELECT idempotency.request_fingerprint(p) FROM unnest(%(payloads)s::text[]::jsonb[])
                  WITH ORDINALITY AS u(p, n) ORDER BY n),
-         %(scope)s) c
+         %(scope)s::text) c
  ORDER BY c.ordinality
 """
 
@@ -70,16 +77,16 @@ SELECT c.ordinality, c.key, c.status::text, c.token, c.response,
 # the order of their ids, so that concurrent consumers lock them in one order (no deadlock).
 APPLY_SQL = """
 WITH m AS (SELECT * FROM unnest(%(ids)s::text[], %(accounts)s::text[], %(amounts)s::bigint[]) AS m(id, account, amount)),
-     l AS (INSERT INTO ledger (message_id, account, amount) SELECT id, account, amount FROM m),
+     l AS (INSERT INTO batch_ledger (message_id, account, amount) SELECT id, account, amount FROM m),
      total AS (SELECT account, sum(amount) AS amount FROM m GROUP BY account)
-INSERT INTO accounts (id, balance) SELECT account, amount FROM total ORDER BY account
-    ON CONFLICT (id) DO UPDATE SET balance = accounts.balance + EXCLUDED.balance
+INSERT INTO batch_accounts (id, balance) SELECT account, amount FROM total ORDER BY account
+    ON CONFLICT (id) DO UPDATE SET balance = batch_accounts.balance + EXCLUDED.balance
 RETURNING id, balance
 """
 
 COMPLETE_SQL = """
 SELECT count(*) FROM idempotency.complete_keys(%(ids)s::text[], %(tokens)s::uuid[],
-                                               %(responses)s::text[]::jsonb[], NULL, %(scope)s)
+                                               %(responses)s::text[]::jsonb[], NULL::int[], %(scope)s::text)
 """
 
 
@@ -151,9 +158,9 @@ def batches(streams, size):
 def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--dsn", default="", help="libpq connection string (default: PG* environment)")
-    p.add_argument("--setup", action="store_true",
-                   help="create the extension and demo tables, and grant them to the consumer's role")
-    p.add_argument("--setup-dsn", default=None, help="connection for --setup (default: --dsn)")
+    p.add_argument("--setup", action="store_true", help="create the tables this consumer writes")
+    p.add_argument("--setup-dsn", default=None,
+                   help="connection for --setup when the consumer's role may not create them (default: --dsn)")
     p.add_argument("--name", default="batch-consumer", help="label for the log lines")
     p.add_argument("--batch-size", type=int, default=100)
     p.add_argument("--crash-batch", type=int, action="append", default=[], metavar="N",
@@ -166,10 +173,7 @@ def main():
 
     with psycopg.connect(opts.dsn, autocommit=True) as conn:
         if opts.setup:
-            (role,) = conn.execute("SELECT quote_ident(current_user)").fetchone()
-            setup_dsn = opts.dsn if opts.setup_dsn is None else opts.setup_dsn
-            with psycopg.connect(setup_dsn, autocommit=True) as admin:
-                admin.execute(SETUP_SQL.format(role=role))
+            setup(conn, opts.setup_dsn, SETUP_SQL, GRANT_SQL)
         crashes = set(opts.crash_batch)
         streams = [open(f, encoding="utf-8") for f in opts.files] or [sys.stdin]
         deferred = []
@@ -193,10 +197,10 @@ def main():
             deferred = handle_batch(conn, deferred, opts, False)
         if deferred:
             log(opts, f"{len(deferred)} message(s) still in progress elsewhere; left for redelivery")
-        rows = conn.execute("SELECT id, balance FROM accounts ORDER BY id").fetchall()
+        rows = conn.execute("SELECT id, balance FROM batch_accounts ORDER BY id").fetchall()
         log(opts, "balances " + json.dumps(dict(rows), sort_keys=True))
         (twice,) = conn.execute(
-            "SELECT count(*) FROM (SELECT message_id FROM ledger GROUP BY message_id HAVING count(*) > 1) d"
+            "SELECT count(*) FROM (SELECT message_id FROM batch_ledger GROUP BY message_id HAVING count(*) > 1) d"
         ).fetchone()
         log(opts, f"messages applied more than once: {twice}")
         sys.exit(1 if twice else 0)

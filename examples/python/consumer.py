@@ -15,17 +15,19 @@ first copy is still being processed gets `in_progress` (retry after `retry_after
 a different payload under an id already used gets `mismatch` (dead-letter it).
 
 Usage:
-    consumer.py --dsn "dbname=app user=app" --setup --setup-dsn "dbname=app user=postgres" [messages.jsonl ...]
+    consumer.py [--dsn DSN] [--setup [--setup-dsn DSN]] [--crash-once ID] [messages.jsonl ...]
 
 Messages are JSON lines: {"id": "m-1", "account": "alice", "amount": 100}. Reads stdin
 when no file is given. Prints one line per delivery and, at the end, the balances.
 Needs psycopg 3 (Debian: python3-psycopg) and the idempotency extension in the database.
+The connection comes from --dsn, else from the PG* environment (PGHOST, PGPORT, PGDATABASE,
+PGUSER, PGPASSWORD).
 
-The consumer runs as an ordinary application role. The extension lives in its own schema,
-`idempotency`, and the one grant such a role needs is USAGE on it; the functions are then
-called schema-qualified (or after SET search_path = public, idempotency). --setup does
-this once, connected with --setup-dsn as a superuser (or the database owner once the
-extension exists): CREATE EXTENSION, the tables, and the grants to the consumer's role.
+The consumer runs as an ordinary application role, which needs USAGE on the extension's
+schema, `idempotency` (GRANT USAGE ON SCHEMA idempotency TO app, by a superuser), and calls
+the functions schema-qualified. --setup creates the tables this consumer writes; when the
+consumer's role may not (it does not own the database), pass --setup-dsn, a connection of a
+role that may, and the tables are granted to the consumer's role.
 """
 
 import argparse
@@ -45,7 +47,9 @@ CREATE TABLE IF NOT EXISTS accounts (id text PRIMARY KEY, balance bigint NOT NUL
 CREATE TABLE IF NOT EXISTS ledger (
   entry bigserial PRIMARY KEY, message_id text NOT NULL, account text NOT NULL,
   amount bigint NOT NULL, at timestamptz NOT NULL DEFAULT now());
--- The consumer's role: the one grant the extension needs, and the business tables.
+"""
+# When another role (a superuser) sets up: the grants the consumer's role needs.
+GRANT_SQL = """
 GRANT USAGE ON SCHEMA idempotency TO {role};
 GRANT SELECT, INSERT, UPDATE ON accounts, ledger TO {role};
 GRANT USAGE ON SEQUENCE ledger_entry_seq TO {role};
@@ -82,8 +86,8 @@ def handle(conn, raw, opts, crashes_left):
                     cur.execute(
                         "SELECT status::text, token, response, "
                         "       extract(epoch FROM retry_after)::float8 "
-                        "  FROM idempotency.claim_key(%s, idempotency.request_fingerprint(%s::jsonb), %s,"
-                        "                             wait => %s::interval)",
+                        "  FROM idempotency.claim_key(%s::text, idempotency.request_fingerprint(%s::jsonb),"
+                        "                             %s::text, wait => %s::interval)",
                         (msg["id"], raw, SCOPE, f"{opts.wait} seconds"),
                     )
                     status, token, response, retry_after = cur.fetchone()
@@ -95,7 +99,7 @@ def handle(conn, raw, opts, crashes_left):
                             crashes_left[msg["id"]] -= 1
                             raise SimulatedCrash("crash after the business write")
                         cur.execute(
-                            "SELECT 1 FROM idempotency.complete_key(%s, %s, %s, 200, %s)",
+                            "SELECT 1 FROM idempotency.complete_key(%s::text, %s::uuid, %s::jsonb, 200, %s::text)",
                             (msg["id"], token, json.dumps(outcome), SCOPE),
                         )
                         return f"{status} applied balance={outcome['balance']}"
@@ -114,6 +118,21 @@ def handle(conn, raw, opts, crashes_left):
     return "deferred (still in progress; left for redelivery)"
 
 
+def setup(conn, setup_dsn, setup_sql=SETUP_SQL, grant_sql=GRANT_SQL):
+    """Creates the tables (setup_sql) on conn, or on setup_dsn's connection when given; grants
+    them (grant_sql) to conn's role when setup_dsn's role is another. batch_consumer.py uses it
+    too, with its own tables."""
+    (role,) = conn.execute("SELECT quote_ident(current_user)").fetchone()
+    if setup_dsn is None:
+        conn.execute(setup_sql)
+        return
+    with psycopg.connect(setup_dsn, autocommit=True) as admin:
+        admin.execute(setup_sql)
+        (admin_role,) = admin.execute("SELECT quote_ident(current_user)").fetchone()
+        if admin_role != role:
+            admin.execute(grant_sql.format(role=role))
+
+
 def log(opts, line):
     print(f"[{opts.name}] {line}", flush=True)
 
@@ -121,10 +140,9 @@ def log(opts, line):
 def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--dsn", default="", help="libpq connection string (default: PG* environment)")
-    p.add_argument("--setup", action="store_true",
-                   help="create the extension and demo tables, and grant them to the consumer's role")
+    p.add_argument("--setup", action="store_true", help="create the tables this consumer writes")
     p.add_argument("--setup-dsn", default=None,
-                   help="connection for --setup: a superuser or the database owner (default: --dsn)")
+                   help="connection for --setup when the consumer's role may not create them (default: --dsn)")
     p.add_argument("--name", default="consumer", help="label for the log lines")
     p.add_argument("--wait", type=float, default=0, help="claim_key wait, seconds (default 0)")
     p.add_argument("--work-delay", type=float, default=0, help="sleep inside the transaction (s)")
@@ -137,10 +155,7 @@ def main():
 
     with psycopg.connect(opts.dsn, autocommit=True) as conn:
         if opts.setup:
-            (role,) = conn.execute("SELECT quote_ident(current_user)").fetchone()
-            setup_dsn = opts.dsn if opts.setup_dsn is None else opts.setup_dsn
-            with psycopg.connect(setup_dsn, autocommit=True) as admin:
-                admin.execute(SETUP_SQL.format(role=role))
+            setup(conn, opts.setup_dsn)
         crashes_left = {i: 1 for i in opts.crash_once}
         streams = [open(f, encoding="utf-8") for f in opts.files] or [sys.stdin]
         for stream in streams:

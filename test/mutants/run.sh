@@ -74,8 +74,12 @@ while IFS='|' read -r name file expression suites why; do
   ((${#wanted[@]} == 0)) || [[ -n ${wanted[$name]:-} ]] || continue
   copy="$scratch/$name"
   mkdir -p "$copy"
-  tar -C "$root" --exclude=./.git --exclude=./.test-run --exclude='*.o' --exclude='*.so' \
-    --exclude=./bench/results -cf - . | tar -C "$copy" -xf -
+  # With the unmutated build's objects (and the stamp naming the installation they are for):
+  # make then compiles only what the mutant changed, which it leaves newer than its object.
+  tar -C "$root" --exclude=./.git --exclude=./.test-run --exclude=./bench/results -cf - . |
+    tar -C "$copy" -xf -
+  mkdir -p "$copy/.test-run"
+  cp -p "$root/.test-run/built-with" "$copy/.test-run/" 2>/dev/null || true
   cp "$copy/$file" "$copy/$file.orig"
   perl -0pi -e "$expression" "$copy/$file"
   if cmp -s "$copy/$file" "$copy/$file.orig"; then

@@ -8,7 +8,7 @@
 \pset tuples_only on
 SET client_min_messages = warning;
 
-SELECT plan(176);
+SELECT plan(177);
 
 -------------------------------------------------------------------------------
 -- 1. A hostile search_path changes nothing (before any other call in this backend, so
@@ -40,14 +40,15 @@ SELECT is((SELECT nspname::text FROM pg_extension e JOIN pg_namespace n ON n.oid
             WHERE extname = 'idempotency'), 'idempotency', 'the extension is installed in it');
 SELECT is((SELECT count(*)::int FROM pg_depend d JOIN pg_extension e ON d.refobjid = e.oid AND e.extname = 'idempotency'
             WHERE d.deptype = 'e' AND ((d.classid = 'pg_proc'::regclass
-                                        AND (SELECT pronamespace FROM pg_proc WHERE oid = d.objid) <> 'idempotency'::regnamespace)
+                                        AND (SELECT pronamespace FROM pg_proc WHERE oid = d.objid) NOT IN ('idempotency'::regnamespace, 'idempotency_monitor'::regnamespace))
                                     OR (d.classid = 'pg_class'::regclass
-                                        AND (SELECT relnamespace FROM pg_class WHERE oid = d.objid) <> 'idempotency'::regnamespace)
+                                        AND (SELECT relnamespace FROM pg_class WHERE oid = d.objid) NOT IN ('idempotency'::regnamespace, 'idempotency_monitor'::regnamespace))
                                     OR (d.classid = 'pg_type'::regclass
-                                        AND (SELECT typnamespace FROM pg_type WHERE oid = d.objid) <> 'idempotency'::regnamespace))),
-          0, 'every function, table, view and type of the extension is in schema idempotency');
+                                        AND (SELECT typnamespace FROM pg_type WHERE oid = d.objid) NOT IN ('idempotency'::regnamespace, 'idempotency_monitor'::regnamespace)))),
+          0, 'every function, table, view and type of the extension is in schema idempotency (the monitoring view in idempotency_monitor)');
 SELECT ok(NOT has_schema_privilege('public', 'idempotency', 'USAGE'), 'PUBLIC has no USAGE on the schema');
-SELECT ok(has_schema_privilege('pg_monitor', 'idempotency', 'USAGE'), 'pg_monitor has USAGE on the schema');
+SELECT ok(NOT has_schema_privilege('pg_monitor', 'idempotency', 'USAGE'), 'pg_monitor has no USAGE on the schema (1.2: it could claim keys)');
+SELECT ok(has_schema_privilege('pg_monitor', 'idempotency_monitor', 'USAGE'), 'pg_monitor reads the statistics in idempotency_monitor');
 SELECT has_table('idempotency', 'idempotency_keys', 'idempotency.idempotency_keys exists');
 SELECT col_is_pk('idempotency', 'idempotency_keys', ARRAY['key', 'scope', 'owner'],
                  'the primary key is (key, scope, owner): the identity (owner, scope, key), the key compared first');

@@ -1,6 +1,7 @@
 -- pgTAP: the direct heap/index path (src/key_heap.cpp) writes what the executor writes, keeps
 -- every index whole, is used only where the table allows it, and honours what the executor
--- would (read-only transactions, triggers, constraints, defaults, other indexes).
+-- would (read-only transactions, NOT NULLs, extra columns, other indexes). Code on the table
+-- (triggers, rules, CHECK constraints, defaults, computed indexes) is refused since 1.2.
 -- Run by test/run.sh in a fresh database with pgtap and idempotency installed.
 \set ON_ERROR_STOP 1
 \pset format unaligned
@@ -10,7 +11,7 @@ SET synchronous_commit = on;
 CREATE EXTENSION amcheck;
 CREATE EXTENSION pg_walinspect;
 
-SELECT plan(63);
+SELECT plan(65);
 
 -- Every B-Tree of idempotency_keys holds exactly the heap's live rows (amcheck verifies
 -- each heap tuple against the index, so a missing entry fails it).
@@ -59,14 +60,12 @@ SELECT lives_ok($$SELECT with_key_locks($q$SELECT claim_key('direct-' || n, requ
 SELECT is(key_locks_taken(), 0, 'a new key is inserted without a per-key lock (the direct path)');
 SELECT is((SELECT count(*)::int FROM idempotency_keys WHERE key LIKE 'direct-%'), 20, 'all 20 rows are there');
 
--- The executor path, forced by a no-op trigger, for the same claim.
-CREATE FUNCTION pass_through() RETURNS trigger LANGUAGE plpgsql AS $$BEGIN RETURN NEW; END$$;
-CREATE TRIGGER pass_through BEFORE INSERT OR UPDATE ON idempotency_keys
-  FOR EACH ROW EXECUTE FUNCTION pass_through();
+-- The executor path, forced by the superuser's switch, for the same claim.
+SET idempotency.executor_path = on;
 SELECT pg_current_wal_insert_lsn() AS wal_start \gset
-SELECT lives_ok($$SELECT with_key_locks($q$SELECT claim_key('executor-1', request_fingerprint('p'::text))$q$)$$, 'a key is claimed under the trigger');
-SELECT is(key_locks_taken(), 1, 'with a trigger on the table the executor inserts, under the key lock');
-DROP TRIGGER pass_through ON idempotency_keys;
+SELECT lives_ok($$SELECT with_key_locks($q$SELECT claim_key('executor-1', request_fingerprint('p'::text))$q$)$$, 'a key is claimed with idempotency.executor_path on');
+SELECT is(key_locks_taken(), 1, 'with idempotency.executor_path on the executor inserts, under the key lock');
+RESET idempotency.executor_path;
 
 SELECT is(
   (SELECT row(owner, fingerprint, attempts, ttl, expires_at - created_at, locked_until - created_at,
@@ -196,22 +195,22 @@ ROLLBACK;
 -------------------------------------------------------------------------------
 -- 4. Tables the direct path leaves to the executor.
 -------------------------------------------------------------------------------
--- Triggers fire for claims and completions (as the extension owner, with search_path =
--- pg_catalog, pg_temp: a trigger function names its tables with their schema).
+-- Triggers would fire as the extension owner, with the caller's temporary schema in reach
+-- (issue #20): since 1.2 a table with one is refused (42501) before anything is written.
 CREATE TABLE trigger_log (op text, key text);
 CREATE FUNCTION log_change() RETURNS trigger LANGUAGE plpgsql AS
   $$BEGIN INSERT INTO public.trigger_log VALUES (TG_OP, NEW.key); RETURN NEW; END$$;
 CREATE TRIGGER log_change AFTER INSERT OR UPDATE ON idempotency_keys FOR EACH ROW EXECUTE FUNCTION log_change();
-SELECT lives_ok($$SELECT complete_key('trig-' || n, (claim_key('trig-' || n)).token, '{}') FROM generate_series(1, 3) n$$,
-                'claims and completions under a logging trigger');
-SELECT is((SELECT string_agg(op, ',' ORDER BY op) FROM trigger_log), 'INSERT,INSERT,INSERT,UPDATE,UPDATE,UPDATE',
-          'row triggers fire for every claim and completion');
+SELECT throws_ok($$SELECT complete_key('trig-' || n, (claim_key('trig-' || n)).token, '{}') FROM generate_series(1, 3) n$$,
+                 '42501', 'table idempotency_keys of extension idempotency has trigger "log_change"',
+                 'claims under a logging trigger are refused (42501)');
+SELECT is((SELECT count(*)::int FROM trigger_log), 0, 'and the trigger never fires');
 DROP TRIGGER log_change ON idempotency_keys;
 
--- CHECK constraints are checked.
+-- CHECK constraints are code too: refused.
 ALTER TABLE idempotency_keys ADD CONSTRAINT short_keys CHECK (length(key) < 12) NOT VALID;
-SELECT throws_ok($$SELECT claim_key('a-rather-long-key')$$, '23514', NULL, 'a CHECK constraint added by the user is enforced');
-SELECT is((SELECT status::text FROM claim_key('short')), 'claimed', 'a key that passes it is claimed');
+SELECT throws_ok($$SELECT claim_key('a-rather-long-key')$$, '42501', NULL, 'a CHECK constraint added by the user is refused (42501)');
+SELECT throws_ok($$SELECT claim_key('short')$$, '42501', NULL, 'for every key');
 ALTER TABLE idempotency_keys DROP CONSTRAINT short_keys;
 
 -- A NOT NULL added by the user is enforced.
@@ -221,10 +220,11 @@ ALTER TABLE idempotency_keys ALTER COLUMN recovery_point SET NOT NULL;
 SELECT throws_ok($$SELECT claim_key('not-null')$$, '23502', NULL, 'a NOT NULL added by the user is enforced');
 ROLLBACK;
 
--- A column added by the user gets its default.
+-- A column added by the user: with a default it is refused, without one the executor writes.
 ALTER TABLE idempotency_keys ADD COLUMN tenant text DEFAULT 'acme';
-SELECT lives_ok($$SELECT claim_key('with-tenant')$$, 'a claim with an added column');
-SELECT is((SELECT tenant FROM idempotency_keys WHERE key = 'with-tenant'), 'acme', 'an added column gets its default');
+SELECT throws_ok($$SELECT claim_key('with-tenant')$$, '42501', NULL, 'an added column with a default is refused (42501)');
+ALTER TABLE idempotency_keys ALTER COLUMN tenant DROP DEFAULT;
+SELECT is((SELECT status::text FROM claim_key('with-tenant')), 'claimed', 'without its default the claim is made (the executor)');
 ALTER TABLE idempotency_keys DROP COLUMN tenant;
 
 -- After the column is dropped the direct path is back (a dropped column is just NULL).
@@ -234,25 +234,21 @@ SELECT lives_ok($$SELECT with_key_locks($q$SELECT complete_key('after-drop', (cl
 SELECT is(key_locks_taken(), 0, 'with the added column dropped again the direct path is used');
 SELECT is((SELECT response::text FROM claim_key('after-drop')), '{"d": 1}', 'and its rows read back right');
 
--- Expression and partial indexes are maintained by the executor.
+-- Expression and partial indexes evaluate code at every insert: refused.
 CREATE INDEX keys_lower ON idempotency_keys (lower(key));
-CREATE INDEX keys_completed ON idempotency_keys (key) WHERE status = 'completed';
-SELECT lives_ok($$SELECT complete_key('EXPR-' || n, (claim_key('EXPR-' || n)).token, '{}') FROM generate_series(1, 5) n$$,
-                'claims and completions with expression and partial indexes');
-SELECT ok(indexes_whole(), 'expression and partial indexes hold every row');
-SET enable_seqscan = off;
-SET enable_bitmapscan = off;
-SELECT is((SELECT count(*)::int FROM idempotency_keys WHERE lower(key) = 'expr-3'), 1, 'found through the expression index');
-RESET enable_seqscan;
-RESET enable_bitmapscan;
+SELECT throws_ok($$SELECT claim_key('EXPR-1')$$, '42501', NULL, 'a claim with an expression index is refused (42501)');
 DROP INDEX keys_lower;
+CREATE INDEX keys_completed ON idempotency_keys (key) WHERE status = 'completed';
+SELECT throws_ok($$SELECT claim_key('EXPR-1')$$, '42501', NULL, 'a claim with a partial index is refused (42501)');
 DROP INDEX keys_completed;
+SELECT ok(indexes_whole(), 'the refused claims left every index whole');
+SELECT is((SELECT count(*)::int FROM idempotency_keys WHERE key LIKE 'EXPR-%'), 0, 'and wrote nothing');
+SELECT is((SELECT status::text FROM claim_key('EXPR-1')), 'claimed', 'without them the claim is made');
 
--- Rules are applied by the rewriter, so a table with one goes to the executor, whose
--- INSERT .. ON CONFLICT refuses rules: the claim fails loudly rather than skip the rule.
+-- Rules are refused too (the executor's INSERT .. ON CONFLICT refused them before, 0A000).
 CREATE TABLE rule_log (key text);
 CREATE RULE log_insert AS ON INSERT TO idempotency_keys DO ALSO INSERT INTO rule_log VALUES (NEW.key);
-SELECT throws_ok($$SELECT claim_key('ruled-1')$$, '0A000', NULL, 'a claim under an ON INSERT rule is refused (0A000)');
+SELECT throws_ok($$SELECT claim_key('ruled-1')$$, '42501', NULL, 'a claim under an ON INSERT rule is refused (42501)');
 SELECT is((SELECT count(*)::int FROM idempotency_keys WHERE key = 'ruled-1'), 0, 'and writes nothing');
 DROP RULE log_insert ON idempotency_keys;
 

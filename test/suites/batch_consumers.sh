@@ -109,11 +109,11 @@ cat "$DIR"/deliveries-*.jsonl "$DIR"/crash-*.jsonl >"$DIR/all.jsonl"
 
 q() { as_pg psql -X -At -d postgres -c "$1"; }
 check "every message applied exactly once (2500 ledger rows, 2500 messages)" \
-  test "$(q "SELECT count(*) || ' ' || count(DISTINCT message_id) FROM ledger")" = "2500 2500"
+  test "$(q "SELECT count(*) || ' ' || count(DISTINCT message_id) FROM batch_ledger")" = "2500 2500"
 check "no consumer saw a message applied twice" \
   bash -c "! grep -h 'applied more than once' '$DIR'/*.log | grep -qv ': 0$'"
 check "the balances are the sums of the messages" \
-  test "$(q "SELECT json_object_agg(id, balance ORDER BY id)::jsonb::text FROM accounts")" = \
+  test "$(q "SELECT json_object_agg(id, balance ORDER BY id)::jsonb::text FROM batch_accounts")" = \
   "$(/usr/bin/python3 -c "import json; print(json.dumps(json.load(open('$DIR/expected.json')), sort_keys=True, separators=(', ', ': ')))")"
 check "a last delivery of everything claims nothing" bash -c "! grep -E 'claimed|reclaimed' '$DIR/last.log'"
 check "and replays the messages" grep -q "replay" "$DIR/last.log"

@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Style gate: clang-format and clang-tidy must be clean on src/ (two tests).
+# Style gate: clang-format, clang-tidy and the C++/PostgreSQL boundary check must be clean
+# on src/ (three tests).
 set -uo pipefail
 source "$(dirname "$0")/../lib.sh"
 IDEM_PACKAGES+=(clang-format clang-tidy)
@@ -21,6 +22,12 @@ if ((tidy_status == 0)) && ! grep -qE 'error:|warning:' <<<"$tidy_output"; then
 else
   grep -E 'error:|warning:' <<<"$tidy_output"
   echo "not ok - clang-tidy"; failed=$((failed + 1))
+fi
+# The boundary rule of src/pg_boundary.hpp (test/lint/boundary.py says what it checks).
+if python3 test/lint/boundary.py; then
+  echo "ok - boundary"; passed=$((passed + 1))
+else
+  echo "not ok - boundary (see src/pg_boundary.hpp)"; failed=$((failed + 1))
 fi
 echo "${passed} passed, ${failed} failed"
 ((failed == 0))

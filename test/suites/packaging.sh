@@ -5,10 +5,12 @@
 #   - META.json follows the PGXN meta spec 1.0.0 (required keys, semantic versions) and
 #     names the PostgreSQL majors of debian/pgversions
 #   - debian/control is current with debian/control.in (pg_buildext checkcontrol)
-#   - dpkg-buildpackage -us -uc -b builds postgresql-15-idempotency from a copy of the
-#     working tree (a git repository of its own, as a clone is) and leaves `git status`
-#     clean there (.gitignore covers what debhelper writes); dpkg -i installs it; its files land; CREATE EXTENSION works on a
-#     throw-away server preloading the packaged library
+#   - the README's commands, as printed: its apt-get line's packages are what this suite
+#     installs, its dpkg-buildpackage line builds postgresql-15-idempotency from a copy of the
+#     working tree (a git repository of its own, as a clone is) and leaves `git status` clean
+#     there (.gitignore covers what debhelper writes), its dpkg -i line names the package built
+#     and installs it; its files land; CREATE EXTENSION works on a throw-away server preloading
+#     the packaged library. dpkg waits for the package manager's lock (up to 10 minutes)
 #   - a PGXN release zip of the same copy installs with `pgxn install` (into a DESTDIR)
 #   - then the package is removed and the previously installed files (`make install`'s)
 #     are put back, so the rest of the run still has the extension as built from the tree.
@@ -23,7 +25,14 @@ if ! idem_debian_server; then
   echo "0 passed, 0 failed"
   exit 0
 fi
-IDEM_PACKAGES+=(build-essential debhelper dpkg-dev postgresql-server-dev-all python3 pgxnclient)
+MDB=(/usr/bin/python3 "$IDEM_ROOT/test/docs/mdblocks.py")
+# The README's build commands ("Or build the Debian package"), as printed.
+README_APT="$("${MDB[@]}" command "$IDEM_ROOT/README.md" "apt-get install --no-install-recommends build-essential")" ||
+  idem_die "no apt-get line for the package build in README.md"
+README_BUILD="$("${MDB[@]}" command "$IDEM_ROOT/README.md" "dpkg-buildpackage")" || idem_die "no dpkg-buildpackage line in README.md"
+README_INSTALL="$("${MDB[@]}" command "$IDEM_ROOT/README.md" "dpkg -i")" || idem_die "no dpkg -i line in README.md"
+read -ra readme_packages <<<"${README_APT#*--no-install-recommends }"
+IDEM_PACKAGES+=("${readme_packages[@]}" dpkg-dev python3 pgxnclient)
 ensure_packages
 build_and_install
 idem_scratch_init
@@ -39,6 +48,19 @@ check() { # NAME CMD...
 }
 same() { # NAME EXPECTED ACTUAL
   if [[ $2 == "$3" ]]; then ok "$1"; else not_ok "$1 (expected '$2', got '$3')"; fi
+}
+# with_dpkg_lock CMD...: CMD, run again while another apt or dpkg holds the package manager's
+# lock (dpkg itself does not wait), for up to 10 minutes.
+with_dpkg_lock() {
+  local out rc deadline=$((SECONDS + 600))
+  while :; do
+    out="$("$@" 2>&1)" && rc=0 || rc=$?
+    ((rc != 0)) && grep -qiE 'lock.*(locked|held) by|could not get lock' <<<"$out" && ((SECONDS < deadline)) || break
+    echo "# $1: the package manager is busy (another apt or dpkg); waiting ..."
+    sleep 5
+  done
+  printf '%s\n' "$out"
+  return "$rc"
 }
 
 # --- one version -----------------------------------------------------------------------
@@ -85,9 +107,10 @@ git ls-files -z --cached --others --exclude-standard |
 # As in a clone: its own git repository, every file committed.
 (cd "$SRC" && git init -q && git add -A && git -c user.name=packaging -c user.email=packaging@localhost \
   commit -q -m "the tree as built") || idem_die "could not make a git repository of $SRC"
-echo "# dpkg-buildpackage -us -uc -b in $SRC"
+echo "# README.md: $README_BUILD (in $SRC)"
 start=$SECONDS
-(cd "$SRC" && dpkg-buildpackage -us -uc -b -j"$(nproc)") >"$BUILD/build.log" 2>&1
+# shellcheck disable=SC2086  # the README's command line, word for word
+(cd "$SRC" && DEB_BUILD_OPTIONS="parallel=$(nproc)" $README_BUILD) >"$BUILD/build.log" 2>&1
 rc=$?
 echo "# build took $((SECONDS - start)) s"
 DEB="$BUILD/postgresql-${IDEM_PG_MAJOR}-idempotency_${DEB_VERSION}_$(dpkg --print-architecture).deb"
@@ -99,6 +122,7 @@ else
   echo "${passed} passed, ${failed} failed"
   exit 1
 fi
+same "README.md's dpkg -i line names the package built" "$(basename "$DEB")" "$(basename "${README_INSTALL##* }")"
 dirty="$(cd "$SRC" && git status --porcelain)"
 same "dpkg-buildpackage in a clone leaves git status clean (untracked: .gitignore)" "" "$dirty"
 PKG="postgresql-${IDEM_PG_MAJOR}-idempotency"
@@ -154,7 +178,7 @@ restore() {
   if ((pre_installed)); then
     echo "# $PKG was installed before this suite: it stays installed (now this tree's build)"
   else
-    dpkg -r "$PKG" >"$BUILD/remove.log" 2>&1 || { cat "$BUILD/remove.log"; return 1; }
+    with_dpkg_lock dpkg -r "$PKG" >"$BUILD/remove.log" 2>&1 || { cat "$BUILD/remove.log"; return 1; }
     local f
     for f in "$BACKUP"/*; do
       [[ -e $f ]] || continue
@@ -171,8 +195,10 @@ trap 'rc=$?; restore; (exit $rc); idem_on_exit' EXIT
 mkdir -p "$IDEM_ROOT/.test-run"
 exec 9>"$IDEM_ROOT/.test-run/build.lock"
 flock 9
-if dpkg -i "$DEB" >"$BUILD/install.log" 2>&1; then
-  ok "dpkg -i installs $PKG"
+echo "# README.md: $README_INSTALL (in $SRC)"
+# shellcheck disable=SC2086  # the README's command line, word for word
+if (cd "$SRC" && with_dpkg_lock $README_INSTALL) >"$BUILD/install.log" 2>&1; then
+  ok "the README's dpkg -i installs $PKG"
 else
   sed 's/^/    | /' "$BUILD/install.log"
   not_ok "dpkg -i $PKG"

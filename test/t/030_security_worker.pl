@@ -6,9 +6,11 @@
 #    large backlog of expired keys that unprivileged roles created (and the keys of a
 #    dropped role). The backlog goes, the look-alikes stay untouched, no trigger fires,
 #    the owner gains nothing, and no process crashes.
-# 2. A superuser's probe trigger on the real table shows what a worker batch runs as: the
-#    extension owner (not the bootstrap superuser the worker connects as), inside a
-#    security-restricted operation, with search_path pg_catalog, pg_temp.
+# 2. What a worker batch runs as: the extension owner, not the bootstrap superuser the
+#    worker connects as (pg_stat_statements records the user of each of its statements).
+#    A superuser's probe trigger on the real table showed this before 1.2; since then the
+#    worker refuses a table with code on it (it would run as the owner), deletes nothing,
+#    and the trigger never runs.
 # 3. The extension owner stops being a superuser: the worker refuses the installation
 #    (42501 in the log and idempotency_stats), deletes nothing, and the trigger that role
 #    may now put on the table never runs.
@@ -24,7 +26,8 @@ $node->init;
 # Small batches with a pause: the backlog takes several seconds (and many rounds, each a
 # new worker process with new plans), during which the schemas keep changing.
 $node->append_conf('postgresql.conf', q{
-shared_preload_libraries = 'idempotency'
+shared_preload_libraries = 'idempotency, pg_stat_statements'
+pg_stat_statements.track = all
 idempotency.cleanup_interval = '200ms'
 idempotency.cleanup_batch_size = 500
 idempotency.cleanup_delay = '20ms'
@@ -190,7 +193,7 @@ cmp_ok(stat_of('app', 'expired_deleted'), '>', $deleted_before, 'and deleted key
 
 ok($node->poll_query_until('app', q{
     SELECT count(*) = 0 FROM idempotency.idempotency_keys
-     WHERE expires_at <= now() OR NOT EXISTS (SELECT FROM pg_roles r WHERE r.oid = owner)}),
+     WHERE expires_at <= now() OR NOT EXISTS (SELECT FROM pg_roles r WHERE r.rolname = owner)}),
   'the whole backlog of expired keys and the dropped role\'s keys is deleted');
 is($node->safe_psql('app', q{SELECT count(*) FROM idempotency.idempotency_keys WHERE key LIKE 'live-%'}),
   '100', 'live keys are kept');
@@ -222,37 +225,43 @@ psql_as('extowner', 'probed', q{
   CREATE EXTENSION idempotency;
   GRANT USAGE ON SCHEMA idempotency TO alice;
 });
-# The probe belongs to the bootstrap superuser (trusted); it records each DELETE statement.
-$node->safe_psql('probed', q{
-  CREATE TABLE probe (who name, session_role name, restricted text, path text);
-  GRANT ALL ON probe TO PUBLIC;
-  CREATE FUNCTION probe() RETURNS trigger LANGUAGE plpgsql AS $$
-  DECLARE restricted text := 'not restricted';
-  BEGIN
-    BEGIN
-      CREATE TEMP TABLE probe_temp (x int);
-      DROP TABLE probe_temp;
-    EXCEPTION WHEN insufficient_privilege THEN
-      restricted := 'restricted';
-    END;
-    INSERT INTO public.probe VALUES (current_user, session_user, restricted, current_setting('search_path'));
-    RETURN NULL;
-  END $$;
-  CREATE TRIGGER probe AFTER DELETE ON idempotency.idempotency_keys
-    FOR EACH STATEMENT EXECUTE FUNCTION probe();
-});
+$node->safe_psql('probed', 'CREATE EXTENSION pg_stat_statements');
 psql_as('alice', 'probed', q{
   SELECT count(*) FROM generate_series(1, 100) g,
     LATERAL idempotency.claim_key('p' || g, NULL, '', '1 millisecond', '1 millisecond') c});
 ok($node->poll_query_until('probed', q{SELECT count(*) = 0 FROM idempotency.idempotency_keys}),
   'probe: the worker deletes the expired keys');
-my $bootstrap = $node->safe_psql('postgres', q{SELECT rolname FROM pg_roles WHERE oid = 10});
 is($node->safe_psql('probed', q{
-    SELECT string_agg(DISTINCT format('%s (session %s), %s, search_path %s', who, session_role, restricted, path), '; ')
-      FROM probe WHERE session_role = (SELECT rolname FROM pg_roles WHERE oid = 10)}),
-  "extowner (session $bootstrap), restricted, search_path pg_catalog, pg_temp",
-  'probe: the worker (connected as the bootstrap superuser) deletes as the extension owner, '
-    . 'security-restricted, with search_path pg_catalog, pg_temp');
+    SELECT string_agg(DISTINCT r.rolname, ', ') FROM pg_stat_statements s JOIN pg_roles r ON r.oid = s.userid
+     WHERE s.dbid = (SELECT oid FROM pg_database WHERE datname = current_database())
+       AND s.query LIKE '%DELETE FROM%idempotency_keys%'}),
+  'extowner',
+  'probe: the worker (connected as the bootstrap superuser) deletes as the extension owner (pg_stat_statements)');
+
+# The probe trigger of 1.1 (the bootstrap superuser's, trusted, with a function that names its
+# table unqualified): now the worker refuses the table, and the trigger never runs.
+psql_as('alice', 'probed', q{
+  SELECT count(*) FROM generate_series(1, 20) g,
+    LATERAL idempotency.claim_key('q' || g, NULL, '', '1 hour', '1 hour') c});
+$node->safe_psql('probed', q{
+  CREATE TABLE probe (who name);
+  GRANT ALL ON probe TO PUBLIC;
+  CREATE FUNCTION probe() RETURNS trigger LANGUAGE plpgsql AS $$
+  BEGIN INSERT INTO probe VALUES (current_user); RETURN NULL; END $$;
+  CREATE TRIGGER probe AFTER DELETE ON idempotency.idempotency_keys
+    FOR EACH STATEMENT EXECUTE FUNCTION probe();
+  UPDATE idempotency.idempotency_keys SET expires_at = now() - interval '1 minute', locked_until = NULL;
+});
+ok($node->poll_query_until('probed', q{
+    SELECT last_error LIKE '%table idempotency_keys of extension idempotency has trigger "probe"%'
+      FROM idempotency.idempotency_stats WHERE datname = current_database()}),
+  'probe trigger: the worker refuses the table (idempotency_stats.last_error names the trigger)');
+is($node->safe_psql('probed', q{SELECT count(*) FROM idempotency.idempotency_keys}), '20',
+  'probe trigger: nothing was deleted');
+is($node->safe_psql('probed', q{SELECT count(*) FROM probe}), '0', 'probe trigger: it never ran');
+$node->safe_psql('probed', q{DROP TRIGGER probe ON idempotency.idempotency_keys});
+ok($node->poll_query_until('probed', q{SELECT count(*) = 0 FROM idempotency.idempotency_keys}),
+  'probe trigger: dropped, the keys are deleted');
 
 # --- 3. an extension owner that is no longer a superuser --------------------------------
 
@@ -273,9 +282,15 @@ $node->safe_psql('postgres', q{ALTER ROLE demoted NOSUPERUSER});
 # them and the trigger below.
 $node->safe_psql('fallen', q{
   UPDATE idempotency.idempotency_keys SET expires_at = now() - interval '1 minute', locked_until = NULL});
-# Now an ordinary role that owns the extension's schema and table: it plants a trigger
-# (and its log) there.
+# Now an ordinary role that owns the extension's schema and table: the extension's event
+# trigger refuses its DDL there; it owns that event trigger too (it created the extension),
+# disables it, and plants a trigger (and its log).
+my ($guard_rc, $guard_out, $guard_err) = $node->psql('fallen', 'CREATE TABLE idempotency.log (who name, what text)',
+  extra_params => [ '-U', 'demoted', '-v', 'VERBOSITY=verbose' ]);
+like($guard_err, qr/42501: only superusers may create or change objects in schema "idempotency"/,
+  'demoted owner: the event trigger refuses its CREATE TABLE in the extension\'s schema (42501)');
 psql_as('demoted', 'fallen', q{
+  ALTER EVENT TRIGGER idempotency_guard_schema DISABLE;
   CREATE TABLE idempotency.log (who name, what text);
   GRANT ALL ON idempotency.log TO PUBLIC;
   CREATE FUNCTION idempotency.pwn() RETURNS trigger LANGUAGE plpgsql AS $$

@@ -193,5 +193,22 @@ is($node->safe_psql('upgraded', qq{
     extra_params => [ '-U', 'app1' ]),
   qq{$key:replay:{"after": "upgrade"}}, 'a claim stored by 1.0 is completed after the upgrade with its token');
 
+# A 1.0 claim completed after the upgrade with a response as sent (issue #24): body bytes and
+# headers, replayed as stored; the keys stored by 1.0 replay without either.
+my ($held3) = $tokens =~ /held-3=([0-9a-f-]+)/;
+is($node->safe_psql('upgraded', qq{
+    SELECT row(status, response_code, response_body, response_headers)::text
+      FROM idempotency.complete_key('held-3', '$held3', NULL, 201, '', '\\x00ff0a', '{"Location": "/p/3"}')},
+    extra_params => [ '-U', 'app1' ]),
+  '(replay,201,"\\\\x00ff0a","{""Location"": ""/p/3""}")', 'a claim stored by 1.0 is completed with a body and headers');
+is($node->safe_psql('upgraded', q{
+    SELECT string_agg(row(key, status, response_body, response_headers)::text, ' ' ORDER BY ordinality)
+      FROM idempotency.claim_keys(ARRAY['held-3', 'done-1'], NULL, '') WHERE key = 'held-3'
+    UNION ALL
+    SELECT string_agg(row(key, status, response, response_body, response_headers)::text, ' ')
+      FROM idempotency.claim_keys(ARRAY['done-1'], NULL, 's')}, extra_params => [ '-U', 'app1' ]),
+  qq{(held-3,replay,"\\\\x00ff0a","{""Location"": ""/p/3""}")\n(done-1,replay,"{""n"": 1}",,)},
+  'claim_keys replays them; a key completed by 1.0 replays its jsonb response without body or headers');
+
 $node->stop;
 done_testing();

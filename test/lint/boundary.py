@@ -1,0 +1,200 @@
+#!/usr/bin/env python3
+"""The boundary rule of src/pg_boundary.hpp, checked where a text check can.
+
+Rule: no PostgreSQL call that may raise (ereport longjmps) runs where a C++ object with a
+destructor may be alive, and no C++ exception crosses a PostgreSQL frame. In the code that
+means each call of a raising PostgreSQL function is
+  - inside the callable of a pg_call(...) (which catches the error, and C++ exceptions too), or
+  - in a function whose header comment says "pg-frame:" with a reason (the function runs only
+    inside pg_call, or is itself called by PostgreSQL and owns no C++ object), or
+  - on a line that ends with a "// pg: <reason>" comment (a deliberate, explained exception);
+    for a call wrapped over several lines, any of its lines may carry it.
+
+Conversely, neither a pg_call callable nor a pg-frame function may name a C++ type with a
+destructor (std::string and the like, or a class of src/ that declares one): a longjmp would
+skip it. Member functions defined in a class body are checked like any other function.
+
+The list of raising functions below is not complete; it names the ones this code uses, so a new
+use of any of them is caught. Prints one line per violation (file:line: what) and exits 1 if
+there is any. Usage: test/lint/boundary.py [FILE...] (default: src/*.cpp src/*.hpp).
+"""
+import glob
+import re
+import sys
+
+# PostgreSQL functions and macros this code calls that may ereport(ERROR).
+RAISING = r"""
+palloc palloc0 repalloc pstrdup psprintf pfree cstring_to_text text_to_cstring
+AllocSetContextCreate MemoryContextReset MemoryContextDelete
+SPI_connect SPI_finish SPI_execute SPI_execute_plan SPI_execute_with_args SPI_prepare
+SPI_prepare_cursor SPI_keepplan SPI_freeplan SPI_freetuptable SPI_getbinval
+table_open table_close relation_open relation_close index_open index_close
+table_beginscan table_beginscan_catalog table_endscan heap_getnext systable_beginscan
+systable_getnext systable_endscan index_beginscan index_rescan index_getnext_slot index_endscan
+index_insert heap_insert heap_form_tuple heap_deform_tuple heap_fetch simple_heap_update
+heap_abort_speculative heap_finish_speculative heap_freetuple table_slot_create
+ExecDropSingleTupleTableSlot ExecFetchSlotHeapTuple slot_getallattrs
+SearchSysCache1 SearchSysCacheExists1 GetSysCacheOid2 SysCacheGetAttr ReleaseSysCache
+get_rel_name get_rel_namespace get_namespace_name get_func_namespace get_func_name
+get_func_rettype get_fn_expr_rettype get_relname_relid get_typtype get_typlenbyvalalign
+GetUserNameFromId lookup_rowtype_tupdesc ReleaseTupleDesc BuildIndexInfo RelationGetIndexList
+ereport elog ReThrowError ThrowErrorData CopyErrorData CHECK_FOR_INTERRUPTS ProcessInterrupts
+DirectFunctionCall1 DirectFunctionCall2 DirectFunctionCall3
+PG_GETARG_TEXT_PP PG_GETARG_ARRAYTYPE_P PG_GETARG_JSONB_P PG_DETOAST_DATUM_PACKED
+PG_DETOAST_DATUM_COPY DatumGetTextPP DatumGetByteaPP DatumGetJsonbP pg_detoast_datum_packed
+toast_raw_datum_size deconstruct_array array_create_iterator array_iterate
+hash_create hash_search InitMaterializedSRF tuplestore_putvalues
+LockAcquire LockRelease ConditionVariableTimedSleep WaitLatch
+SetCurrentStatementStartTimestamp StartTransactionCommand CommitTransactionCommand
+AbortCurrentTransaction PushActiveSnapshot PopActiveSnapshot GetTransactionSnapshot
+set_config_option SetConfigOption NewGUCNestLevel PreventCommandIfReadOnly
+PreventCommandIfParallelMode CheckCmdReplicaIdentity pg_class_aclmask
+CommandCounterIncrement GetCurrentTransactionId SpeculativeInsertionLockAcquire
+numeric_normalize JsonbIteratorInit JsonbIteratorNext compareJsonbContainers
+quote_qualified_identifier pg_cryptohash_create RegisterDynamicBackgroundWorker
+BackgroundWorkerInitializeConnection BackgroundWorkerInitializeConnectionByOid
+""".split()
+CALL = re.compile(r"\b(" + "|".join(map(re.escape, RAISING)) + r")\s*\(")
+
+# C++ types whose objects have destructors, as a pg_call callable or a pg-frame function would
+# name them; the classes of src/ that declare a destructor are added by main().
+OWNING_STD = (r"std::(?:string|vector|optional|unique_ptr|shared_ptr|function|map|unordered_map"
+              r"|set|to_string)\b")
+owning = re.compile(OWNING_STD)
+
+
+def owning_types(files):
+    """OWNING_STD and every class of `files` that declares a destructor (PgError aside: the
+    boundary's own)."""
+    names = set()
+    for path in files:
+        names.update(re.findall(r"~(\w+)\s*\(", strip(open(path, encoding="utf-8").read())))
+    names.discard("PgError")
+    return re.compile("|".join([OWNING_STD] + [r"\b%s\b" % n for n in sorted(names)]))
+
+
+def strip(text):
+    """Comments and string/char literals blanked out (lengths and newlines kept)."""
+    out = []
+    i, n = 0, len(text)
+    while i < n:
+        c = text[i]
+        if text.startswith("//", i):
+            j = text.find("\n", i)
+            j = n if j < 0 else j
+            out.append(" " * (j - i))
+            i = j
+        elif text.startswith("/*", i):
+            j = text.find("*/", i + 2)
+            j = n if j < 0 else j + 2
+            out.append(re.sub(r"[^\n]", " ", text[i:j]))
+            i = j
+        elif c in "\"'":
+            j = i + 1
+            while j < n and text[j] != c:
+                j += 2 if text[j] == "\\" else 1
+            j = min(j + 1, n)
+            out.append(c + " " * (j - i - 2) + c if j - i >= 2 else text[i:j])
+            i = j
+        else:
+            out.append(c)
+            i += 1
+    return "".join(out)
+
+
+def matching(code, open_at, opener="(", closer=")"):
+    depth = 0
+    for k in range(open_at, len(code)):
+        if code[k] == opener:
+            depth += 1
+        elif code[k] == closer:
+            depth -= 1
+            if depth == 0:
+                return k
+    return len(code)
+
+
+def check(path):
+    text = open(path, encoding="utf-8").read()
+    code = strip(text)
+    lines = text.split("\n")
+    line_of = lambda pos: code.count("\n", 0, pos) + 1
+    # Spans wrapped by pg_call( ... ).
+    wrapped = []
+    for m in re.finditer(r"\bpg_call\s*\(", code):
+        open_at = m.end() - 1
+        wrapped.append((open_at, matching(code, open_at)))
+    # Function bodies at namespace level, with the comment block above their signature.
+    frames = []  # (start, end, exempt)
+    depth_kinds = []
+    pos = 0
+    for m in re.finditer(r"[{}]", code):
+        k = m.start()
+        if code[k] == "{":
+            head = code[pos:k]
+            is_ns = re.search(r"\b(namespace|extern\s+\"\s*C\s*\")\s*[\w:]*\s*$", head) is not None
+            is_type = re.search(r"\b(struct|class|union|enum)\b[^;()]*$", head) is not None
+            # Member functions defined in a class body are functions too.
+            if all(kind in ("ns", "type") for kind in depth_kinds) and not is_ns and not is_type:
+                end = matching(code, k, "{", "}")
+                sig_line = line_of(k)
+                # the header comment: contiguous comment lines above the signature
+                start_line = sig_line
+                while start_line > 1 and not lines[start_line - 2].strip().startswith("//") and \
+                        lines[start_line - 2].strip() not in ("", "}") and not lines[start_line - 2].rstrip().endswith(";"):
+                    start_line -= 1
+                comment = []
+                j = start_line - 2
+                while j >= 0 and lines[j].strip().startswith("//"):
+                    comment.append(lines[j])
+                    j -= 1
+                exempt = any("pg-frame:" in c for c in comment)
+                frames.append((k, end, exempt))
+            depth_kinds.append("ns" if is_ns else ("type" if is_type else "block"))
+        else:
+            if depth_kinds:
+                depth_kinds.pop()
+        pos = k + 1
+    problems = []
+    annotated = lambda first, last: any(
+        re.search(r"//\s*pg:\s*\S", lines[k - 1]) for k in range(first, last + 1))
+    # A C++ object with a destructor where a longjmp may skip it: in a pg_call callable, or in
+    # a function that says it is a PostgreSQL frame.
+    for m in owning.finditer(code):
+        at = m.start()
+        where = None
+        if any(a < at < b for a, b in wrapped):
+            where = "a pg_call callable"
+        elif any(a < at < b and exempt for a, b, exempt in frames):
+            where = "a function marked pg-frame"
+        if where and not annotated(line_of(at), line_of(at)):
+            problems.append(f"{path}:{line_of(at)}: {m.group(0)} (a C++ object with a destructor) in {where}")
+    for m in CALL.finditer(code):
+        at = m.start()
+        if any(a < at < b for a, b in wrapped):
+            continue
+        if any(a < at < b and exempt for a, b, exempt in frames):
+            continue
+        if not any(a < at < b for a, b, _ in frames):
+            continue  # not in a function body (a declaration or a macro)
+        line = line_of(at)
+        # The reason may end any line of the call (clang-format wraps long calls).
+        if annotated(line, line_of(matching(code, m.end() - 1))):
+            continue
+        problems.append(f"{path}:{line}: {m.group(1)}() outside pg_call, in a function not marked pg-frame")
+    return problems
+
+
+def main():
+    files = sys.argv[1:] or sorted(glob.glob("src/*.cpp") + glob.glob("src/*.hpp"))
+    global owning
+    owning = owning_types(sorted(set(files) | set(glob.glob("src/*.hpp"))))
+    problems = [p for f in files for p in check(f)]
+    for p in problems:
+        print(p)
+    print(f"boundary: {len(problems)} violation(s) of the boundary rule in {len(files)} file(s)")
+    return 1 if problems else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,58 @@
+# The permission and object-access hooks see every access to the key table (issue #21 item
+# 7): with a module that sets ExecutorCheckPerms_hook (pgaudit here, sepgsql likewise), the
+# direct heap path steps aside and every read and write of a claim goes through the
+# executor, so the module's audit log shows them. (1.1 wrote new keys with heap_insert past
+# the hook: pgaudit logged nothing.)
+use strict;
+use warnings;
+use PostgreSQL::Test::Cluster;
+use PostgreSQL::Test::Utils;
+use Test::More;
+
+my $pkglib = `pg_config --pkglibdir`;
+chomp $pkglib;
+plan skip_all => "pgaudit is not installed (Debian: postgresql-15-pgaudit)" unless -e "$pkglib/pgaudit.so";
+
+my $node = PostgreSQL::Test::Cluster->new('executor_hooks');
+$node->init;
+$node->append_conf('postgresql.conf', qq{
+shared_preload_libraries = 'pgaudit,idempotency'
+pgaudit.log = 'read, write'
+pgaudit.log_relation = on
+});
+$node->start;
+$node->safe_psql('postgres', q{
+  CREATE EXTENSION pgaudit;
+  CREATE EXTENSION idempotency;
+  CREATE ROLE app LOGIN;
+  GRANT USAGE ON SCHEMA idempotency TO app;
+});
+
+# pgaudit logs the statements a function runs for a superuser caller (for other roles it
+# logs the top-level statement only): the claims below are a superuser's.
+my $offset = -s $node->logfile;
+my $token = $node->safe_psql('postgres', q{SELECT token FROM idempotency.claim_key('audited-1')});
+$node->safe_psql('postgres', qq{SELECT status FROM idempotency.complete_key('audited-1', '$token', '{}')});
+$node->safe_psql('postgres', q{SELECT status FROM idempotency.claim_key('audited-1')});
+my $log = slurp_file($node->logfile, $offset);
+
+like($log, qr/AUDIT: SESSION,.*,WRITE,INSERT,TABLE,idempotency\.idempotency_keys/,
+  'the insert of a new key is audited (it went through the executor)');
+like($log, qr/AUDIT: SESSION,.*,WRITE,UPDATE,TABLE,idempotency\.idempotency_keys/,
+  'its completion is audited');
+like($log, qr/AUDIT: SESSION,.*,READ,SELECT,TABLE,idempotency\.idempotency_keys/,
+  'the looks at the key are audited');
+is($node->safe_psql('postgres', q{SELECT status || ' ' || attempts FROM idempotency.idempotency_keys WHERE key = 'audited-1'}),
+  'completed 1', 'and the key is stored as on the direct path');
+
+# Any role's claim takes the executor path while the hook is set: a new key is first locked
+# by the per-key transaction lock, which the direct path never takes.
+is($node->safe_psql('postgres', q{
+     BEGIN;
+     SELECT status FROM idempotency.claim_key('app-1') \g /dev/null
+     SELECT count(*) FROM pg_locks WHERE pid = pg_backend_pid() AND locktype = 'advisory';
+     COMMIT;}, extra_params => [ '-U', 'app' ]),
+  '1', "an application role's claim goes through the executor too");
+
+$node->stop;
+done_testing();
