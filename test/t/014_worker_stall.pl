@@ -2,9 +2,11 @@
 #
 # A non-superuser database owner sets up his four databases as the review did:
 # ALTER DATABASE ... SET default_transaction_isolation = 'serializable',
-# default_transaction_read_only = on, default_transaction_deferrable = on (and more settings
-# that would steer a worker: no lock_timeout, a role of his, tiny work_mem, no index scans),
-# and keeps a SERIALIZABLE transaction open. A worker that took those settings waited for a
+# default_transaction_read_only = on, default_transaction_deferrable = on, timeouts that
+# would make a worker wait forever (lock_timeout = 0) or fail every batch (statement_timeout
+# and idle_in_transaction_session_timeout of 1 ms), and more settings that would steer a
+# worker (a role of his, tiny work_mem, no index scans, his search_path), and keeps a
+# SERIALIZABLE transaction open. A worker that took those settings waited for a
 # safe snapshot, which his open transaction delays for as long as he likes, and four such
 # workers held every slot of the launcher: expired keys of a victim database stayed. Now
 # each worker pins what it needs and undoes what a database or role set: the victim's keys
@@ -18,6 +20,10 @@ use Test::More;
 use Time::HiRes qw(time);
 
 my $interval_ms = 200;
+# The test's own sessions (his included) override his timeouts from the connection on, as
+# he can for his: else a query of the test there would be cancelled after 1 ms.
+$ENV{PGOPTIONS} = '-c statement_timeout=0 -c idle_in_transaction_session_timeout=0';
+
 my $node = PostgreSQL::Test::Cluster->new('worker_stall');
 $node->init;
 $node->append_conf('postgresql.conf', qq{
@@ -74,6 +80,8 @@ for my $i (1 .. 4) {
     ALTER DATABASE m$i SET default_transaction_read_only = on;
     ALTER DATABASE m$i SET default_transaction_deferrable = on;
     ALTER DATABASE m$i SET lock_timeout = 0;
+    ALTER DATABASE m$i SET statement_timeout = '1ms';
+    ALTER DATABASE m$i SET idle_in_transaction_session_timeout = '1ms';
     ALTER DATABASE m$i SET work_mem = '64kB';
     ALTER DATABASE m$i SET enable_indexscan = off;
     ALTER DATABASE m$i SET enable_bitmapscan = off;
@@ -83,9 +91,11 @@ for my $i (1 .. 4) {
 is($node->safe_psql('postgres', q{
     SELECT string_agg(unnest, ' ' ORDER BY unnest) FROM pg_db_role_setting s
       JOIN pg_database d ON d.oid = s.setdatabase, unnest(s.setconfig)
-     WHERE d.datname = 'm1' AND s.setrole = 0 AND unnest ~ '^default_transaction'}),
-  'default_transaction_deferrable=on default_transaction_isolation=serializable default_transaction_read_only=on',
-  'the owner set the three defaults of the review on his databases');
+     WHERE d.datname = 'm1' AND s.setrole = 0 AND unnest ~ '^(default_transaction|.*timeout)'}),
+  'default_transaction_deferrable=on default_transaction_isolation=serializable '
+    . 'default_transaction_read_only=on idle_in_transaction_session_timeout=1ms lock_timeout=0 '
+    . 'statement_timeout=1ms',
+  'the owner set the three defaults of the review and the timeouts on his databases');
 
 # His open SERIALIZABLE transaction, which any wait for a safe snapshot waits for.
 my $open = $node->background_psql('m1', extra_params => [ '-U', 'mallory' ]);
@@ -94,7 +104,14 @@ my $holder = $node->safe_psql('postgres', q{
   SELECT pid FROM pg_stat_activity WHERE usename = 'mallory' AND state = 'idle in transaction'});
 like($holder, qr/^\d+$/, 'his serializable transaction is open');
 
+sub victim_stat {
+  my ($column) = @_;
+  return $node->safe_psql('victim', qq{
+    SELECT coalesce(${column}::text, 'none') FROM idempotency.idempotency_stats WHERE datname = 'victim'});
+}
+
 my $start = time();
+my $inserted_at = $node->safe_psql('victim', 'SELECT clock_timestamp()');
 add_expired('victim', 'old', 50);
 add_expired('m4', 'his', 50);
 ok($node->poll_query_until('victim', 'SELECT count(*) = 0 FROM idempotency.idempotency_keys'),
@@ -103,7 +120,10 @@ my $elapsed = time() - $start;
 diag(sprintf('50 expired keys of the victim deleted after %.2f s (interval %d ms)', $elapsed,
   $interval_ms));
 # Generous against a loaded machine; a stalled worker never gets there at all.
-cmp_ok($elapsed, '<', 15, 'within a few intervals');
+cmp_ok($elapsed, '<', 8, 'within a few intervals');
+is($node->safe_psql('victim', qq{
+    SELECT last_cleanup > '$inserted_at' FROM idempotency.idempotency_stats WHERE datname = 'victim'}),
+  't', "the victim's last_cleanup is after the keys were added");
 ok(poll_as_superuser('m4', 'SELECT count(*) = 0 FROM idempotency.idempotency_keys'),
   "his own database's expired keys are deleted too (read-write, whatever he set)");
 is($node->safe_psql('m4', qq{
@@ -114,11 +134,14 @@ is($node->safe_psql('postgres', "SELECT state FROM pg_stat_activity WHERE pid = 
 
 # Positive evidence that workers kept running: two more rounds in the victim database, and
 # none of his databases holds a worker at that point or waits for a snapshot.
-my $runs = $node->safe_psql('victim', q{
-  SELECT cleanup_runs FROM idempotency.idempotency_stats WHERE datname = 'victim'});
+my $runs = victim_stat('cleanup_runs');
+my $last = victim_stat('last_cleanup');
 ok($node->poll_query_until('victim', qq{
     SELECT cleanup_runs >= $runs + 2 FROM idempotency.idempotency_stats WHERE datname = 'victim'}),
   'rounds go on in the victim database');
+is($node->safe_psql('victim', qq{
+    SELECT last_cleanup > '$last' FROM idempotency.idempotency_stats WHERE datname = 'victim'}),
+  't', 'and last_cleanup advances');
 ok($node->poll_query_until('postgres', q{
     SELECT count(*) = 0 FROM pg_stat_activity
      WHERE backend_type LIKE 'idempotency cleanup%' AND datname ~ '^m[1-4]$'}),
