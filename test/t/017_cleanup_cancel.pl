@@ -1,14 +1,14 @@
 # A large idempotency_cleanup() answers interrupts within milliseconds (issues #20/#21): a
 # cancel, a statement_timeout and a termination of the caller all end the call, and its
-# worker stops deleting right after. Figures: the time from pg_cancel_backend() to the
-# caller's state change (both read on the server, so no client round trip is in it), and the
-# time until the worker has gone.
+# worker stops deleting right after. Figures (diag), all read on the server, so that no
+# client round trip is in them: the time from pg_cancel_backend() to the caller's state
+# change, from the statement's start to its timeout's answer, and from the signal (or the
+# answer) until the call's worker has gone. Each is bounded by a second.
 use strict;
 use warnings;
 use PostgreSQL::Test::Cluster;
 use PostgreSQL::Test::Utils;
 use Test::More;
-use Time::HiRes qw(time);
 
 my $node = PostgreSQL::Test::Cluster->new('cleanup_cancel');
 $node->init;
@@ -46,9 +46,34 @@ sub start_call {
   return ($session, $pid);
 }
 
-sub worker_gone {
-  return $node->poll_query_until('postgres', q{
-    SELECT count(*) = 0 FROM pg_stat_activity WHERE backend_type = 'idempotency cleanup call'});
+# Milliseconds from $since until no call worker is left, watched on the server every
+# millisecond (for at most a minute: '' then).
+$node->safe_psql('app', q{
+  CREATE FUNCTION public.worker_gone_after(since timestamptz) RETURNS numeric
+  LANGUAGE plpgsql AS $$
+  BEGIN
+    FOR i IN 1 .. 60000 LOOP
+      PERFORM pg_stat_clear_snapshot();
+      IF NOT EXISTS (SELECT FROM pg_stat_activity WHERE backend_type = 'idempotency cleanup call') THEN
+        RETURN round(extract(epoch FROM clock_timestamp() - since) * 1000, 1);
+      END IF;
+      PERFORM pg_sleep(0.001);
+    END LOOP;
+    RETURN NULL;
+  END $$});
+
+sub worker_gone_after {
+  my ($since) = @_;
+  return $node->safe_psql('app', "SELECT public.worker_gone_after('$since')");
+}
+
+# Sends a signal by `function` (pg_cancel_backend, pg_terminate_backend) to `pid` and returns
+# the time just before (the CTE is evaluated first).
+sub signal {
+  my ($function, $pid) = @_;
+  return $node->safe_psql('app', qq{
+    WITH t AS MATERIALIZED (SELECT clock_timestamp() AS sent)
+    SELECT sent FROM t WHERE $function($pid)});
 }
 
 fill(1000000);
@@ -61,19 +86,19 @@ is($node->safe_psql('postgres', q{
     SELECT count(*) FROM pg_stat_activity
      WHERE backend_type = 'idempotency cleanup call' AND query LIKE '%batch of expired keys%'}),
   '1', 'the call runs in its worker, batch by batch');
-my $cancel_at = $node->safe_psql('app', "SELECT clock_timestamp() FROM pg_cancel_backend($pid)");
-my $cancelled = time();
+my $cancel_at = signal('pg_cancel_backend', $pid);
+my $gone_ms = worker_gone_after($cancel_at);
+isnt($gone_ms, '', 'its worker goes');
 ok($node->poll_query_until('app', qq{SELECT state <> 'active' FROM pg_stat_activity WHERE pid = $pid}),
   'the call ends');
 my $latency_ms = $node->safe_psql('app', qq{
   SELECT round(extract(epoch FROM state_change - '$cancel_at'::timestamptz) * 1000, 1)
     FROM pg_stat_activity WHERE pid = $pid});
-ok(worker_gone(), 'its worker goes');
-my $gone_s = time() - $cancelled;
 my $after = left();
-diag(sprintf('cancel: the caller answered %s ms after pg_cancel_backend(); the worker was gone '
-      . 'within %.3f s (polled); %d keys deleted before', $latency_ms, $gone_s, $total - $after));
+diag("cancel: the caller answered $latency_ms ms after pg_cancel_backend(), its worker was gone "
+    . "after $gone_ms ms; " . ($total - $after) . ' keys deleted before');
 cmp_ok($latency_ms, '<', 1000, "the caller answers within a second ($latency_ms ms)");
+cmp_ok($gone_ms, '<', 1000, "its worker is gone within a second ($gone_ms ms)");
 like($session->query('SELECT 1'), qr/^1/, 'the session goes on');
 like($session->{stderr}, qr/canceling statement due to user request/, 'with the cancel reported');
 cmp_ok($after, '>', 0, 'keys are left');
@@ -89,19 +114,27 @@ $total = $after;
 ok($node->poll_query_until('app', qq{SELECT state <> 'active' FROM pg_stat_activity WHERE pid = $pid}),
   'a call under statement_timeout ends');
 my $took = $node->safe_psql('app', qq{
-  SELECT round(extract(epoch FROM state_change - query_start) * 1000) FROM pg_stat_activity WHERE pid = $pid});
-diag("statement_timeout = 500ms: the call took $took ms");
-cmp_ok($took, '<', 1500, "after about its timeout ($took ms)");
+  SELECT round(extract(epoch FROM state_change - query_start) * 1000, 1) FROM pg_stat_activity WHERE pid = $pid});
+my $answered_at = $node->safe_psql('app', "SELECT state_change FROM pg_stat_activity WHERE pid = $pid");
+$gone_ms = worker_gone_after($answered_at);
+diag(sprintf('statement_timeout = 500ms: the call took %s ms (%.1f ms after its timeout), its '
+      . 'worker was gone %s ms after the caller answered', $took, $took - 500, $gone_ms));
+cmp_ok($took, '>=', 500, "not before its timeout ($took ms)");
+cmp_ok($took, '<', 1500, "and within a second of it ($took ms)");
 $session->query('SELECT 1');
 like($session->{stderr}, qr/canceling statement due to statement timeout/, 'with 57014 reported');
-ok(worker_gone(), 'its worker goes too');
+isnt($gone_ms, '', 'its worker goes too');
+cmp_ok($gone_ms, '<', 1000, "within a second of the answer ($gone_ms ms)");
 $session->quit;
 
 # --- the caller terminated ----------------------------------------------------------------
 $total = left();
 ($session, $pid) = start_call($total, '');
-$node->safe_psql('app', "SELECT pg_terminate_backend($pid)");
-ok(worker_gone(), 'when the caller is terminated, its worker goes');
+my $terminated_at = signal('pg_terminate_backend', $pid);
+$gone_ms = worker_gone_after($terminated_at);
+diag("the caller terminated: its worker was gone after $gone_ms ms");
+isnt($gone_ms, '', 'when the caller is terminated, its worker goes');
+cmp_ok($gone_ms, '<', 1000, "within a second ($gone_ms ms)");
 $after = left();
 $node->safe_psql('app', 'SELECT pg_sleep(0.2)');
 is(left(), $after, 'and deletes nothing more');
