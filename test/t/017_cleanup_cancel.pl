@@ -3,7 +3,8 @@
 # worker stops deleting right after. Figures (diag), all read on the server, so that no
 # client round trip is in them: the time from pg_cancel_backend() to the caller's state
 # change, from the statement's start to its timeout's answer, and from the signal (or the
-# answer) until the call's worker has gone. Each is bounded by a second.
+# answer) until the call's worker has gone. Each is bounded: 200 ms for the caller's answer
+# to a cancel, a second for the rest (the worker's stop may wait for a batch's commit).
 use strict;
 use warnings;
 use PostgreSQL::Test::Cluster;
@@ -97,7 +98,9 @@ my $latency_ms = $node->safe_psql('app', qq{
 my $after = left();
 diag("cancel: the caller answered $latency_ms ms after pg_cancel_backend(), its worker was gone "
     . "after $gone_ms ms; " . ($total - $after) . ' keys deleted before');
-cmp_ok($latency_ms, '<', 1000, "the caller answers within a second ($latency_ms ms)");
+# (A caller that waited for its worker to finish took over a second here for the rest of the
+# million keys; an answer needs no I/O, only the caller's next look at its interrupts.)
+cmp_ok($latency_ms, '<', 200, "the caller answers within 200 ms ($latency_ms ms)");
 cmp_ok($gone_ms, '<', 1000, "its worker is gone within a second ($gone_ms ms)");
 like($session->query('SELECT 1'), qr/^1/, 'the session goes on');
 like($session->{stderr}, qr/canceling statement due to user request/, 'with the cancel reported');
