@@ -5,7 +5,8 @@
 #      each from the same freshly loaded and vacuumed table:
 #        worker     the background worker's round (triggered by a reload to a 100 ms
 #                   interval; timed from the reload to the end of the round it records)
-#        function   SELECT idempotency_cleanup()  (one transaction, batches of 5000)
+#        function   SELECT idempotency_cleanup()  (batches of 5000, each committed in the
+#                   function's own background worker)
 #        reference  a hand-written loop: DELETE ... USING (SELECT ctid ... LIMIT 5000
 #                   FOR UPDATE SKIP LOCKED), COMMIT per batch (bench/cleanup/setup.sql)
 #   2. claim_key latency (pgbench -M prepared, new keys) with 3N expired keys in the table:
@@ -162,7 +163,7 @@ summary="$(
 cleanup benchmark ($(date -u +%FT%TZ), $(nproc) cores, PostgreSQL $(q 'SHOW server_version'), idempotency.cleanup_delay = $(q 'SHOW idempotency.cleanup_delay'))
 deletion of $ROWS expired keys (batches of $BATCH):
   worker      $worker_rate rows/s  ($worker_s s)
-  function    $function_rate rows/s  ($function_s s, idempotency_cleanup(), one transaction)
+  function    $function_rate rows/s  ($function_s s, idempotency_cleanup(), its own worker)
   reference   $reference_rate rows/s  ($reference_s s, hand-written DELETE ... USING loop)
   ratio worker / reference     $(ratio "$worker_rate" "$reference_rate")   (goal: >= 150000 rows/s absolute)
   ratio function / reference   $(ratio "$function_rate" "$reference_rate")

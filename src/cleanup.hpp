@@ -10,7 +10,8 @@
 //     one join against pg_authid per range. A pass runs only when the role generation
 //     (cleanup_shared.hpp) moved since this database's last complete pass, so a round with no
 //     role dropped costs nothing for them however many roles own keys; without shared memory
-//     every run makes the pass. A pass that a round's time ends goes on in the next round.
+//     (or while no launcher runs) every run makes the pass. A pass that a round's time ends goes on
+//     in the next round.
 //   - expired keys: up to batch_size rows with from <= expires_at <= now, in index order,
 //     locked FOR UPDATE SKIP LOCKED (a claim holding a row is never blocked, and never loses
 //     its row) and deleted; the next batch starts from the largest expires_at deleted, so a run

@@ -4,6 +4,7 @@
 #include "cleanup_shared.hpp"
 
 #include "shared_memory.hpp"
+#include "siphash.hpp"
 
 namespace idem::cleanup_shared {
 namespace {
@@ -19,6 +20,8 @@ struct Shared {
 
 Shared* shared = nullptr;
 int my_entry = -1;  // the registry entry of this database worker
+bool is_launcher = false;
+bool roles_reset = true;  // launcher: pg_authid must be read (at start, after a reset)
 
 void initialize(Shared* state) {
   // Generations start at 1: a database whose pass has never run remembers 0.
@@ -30,11 +33,36 @@ void initialize(Shared* state) {
   for (Entry& entry : state->entries) entry = Entry{};
 }
 
-// pg_authid changed (a role created, altered, renamed or dropped), or the caches were reset
-// (hash value 0) and anything may have changed. Every backend that processes the
-// invalidation bumps the counter: more bumps than events cost one extra pass at most.
-void role_changed(Datum, SyscacheId, uint32) {
-  if (shared != nullptr) pg_atomic_fetch_add_u64(&shared->role_generation, 1);
+// A pg_authid row changed (a role created, altered, renamed or dropped): every process that
+// learns of it bumps the counter, more bumps than events cost one extra pass at most. The
+// process that made the change learns first, before its commit: a pass that starts then
+// and sees the role still there is followed by another, as the launcher (and every other
+// process) learns of the change after the commit. A cache reset (hash value 0) names no row:
+// only the launcher acts on it, by looking (check_roles()).
+void role_changed(Datum, SyscacheId, uint32 hash_value) {
+  if (shared == nullptr) return;
+  if (hash_value != 0)
+    pg_atomic_fetch_add_u64(&shared->role_generation, 1);
+  else if (is_launcher)
+    roles_reset = true;
+}
+
+// The launcher's fingerprint of pg_authid: a keyed 64-bit hash (SipHash) of every (oid,
+// name), sorted. The key is random per launcher and never leaves it, so that no role can pick
+// a name whose hash would hide another role's disappearance.
+struct RoleSet {
+  MemoryContext context = nullptr;
+  bool keyed = false;  // false if no random key could be had: every reset then counts
+  uint64 key[2] = {0, 0};
+  uint64* hashes = nullptr;
+  int count = 0;
+};
+RoleSet known_roles;
+
+int compare_hashes(const void* a, const void* b) {
+  const uint64 x = *static_cast<const uint64*>(a);
+  const uint64 y = *static_cast<const uint64*>(b);
+  return x < y ? -1 : (x > y ? 1 : 0);
 }
 
 ProcessUtility_hook_type previous_utility = nullptr;
@@ -120,6 +148,7 @@ uint64 extension_generation() {
 
 void become_launcher() {
   if (shared == nullptr) return;
+  is_launcher = true;
   SpinLockAcquire(&shared->mutex);
   shared->launcher = MyProc;
   SpinLockRelease(&shared->mutex);
@@ -133,6 +162,67 @@ void wake_launcher() {
   SpinLockRelease(&shared->mutex);
   // A PGPROC outlives its process: at worst the latch of whoever uses it now is set.
   if (launcher != nullptr) SetLatch(&launcher->procLatch);
+}
+
+bool launcher_running() {
+  if (shared == nullptr) return false;
+  SpinLockAcquire(&shared->mutex);
+  const bool running = shared->launcher != nullptr;
+  SpinLockRelease(&shared->mutex);
+  return running;
+}
+
+// pg-frame: called by the launcher's plan_round only, itself a pg-frame (owns no C++ object).
+void check_roles() {
+  if (shared == nullptr || !roles_reset) return;
+  roles_reset = false;
+  if (known_roles.context == nullptr) {
+    known_roles.context =
+        AllocSetContextCreate(TopMemoryContext, "idempotency roles", ALLOCSET_SMALL_SIZES);
+    known_roles.keyed = pg_strong_random(known_roles.key, sizeof known_roles.key);
+  }
+  if (!known_roles.keyed) {
+    pg_atomic_fetch_add_u64(&shared->role_generation, 1);
+    return;
+  }
+  MemoryContext old = MemoryContextSwitchTo(known_roles.context);
+  int capacity = 64;
+  int count = 0;
+  uint64* hashes = static_cast<uint64*>(palloc(capacity * sizeof(uint64)));
+  Relation catalog = table_open(AuthIdRelationId, AccessShareLock);
+  SysScanDesc scan = systable_beginscan(catalog, InvalidOid, false, nullptr, 0, nullptr);
+  HeapTuple tuple;
+  while ((tuple = systable_getnext(scan)) != nullptr) {
+    auto* role = reinterpret_cast<Form_pg_authid>(GETSTRUCT(tuple));
+    struct {
+      Oid oid;
+      NameData name;
+    } identity;
+    memset(&identity, 0, sizeof identity);
+    identity.oid = role->oid;
+    namestrcpy(&identity.name, NameStr(role->rolname));
+    if (count == capacity) {
+      capacity *= 2;
+      hashes = static_cast<uint64*>(repalloc(hashes, capacity * sizeof(uint64)));
+    }
+    SipHash24 hash(known_roles.key[0], known_roles.key[1]);
+    hash.update(reinterpret_cast<const unsigned char*>(&identity), sizeof identity);
+    hashes[count++] = hash.finish();
+  }
+  systable_endscan(scan);
+  table_close(catalog, AccessShareLock);
+  MemoryContextSwitchTo(old);
+  qsort(hashes, count, sizeof(uint64), compare_hashes);
+  // A role of the last reading that is not in this one: dropped, or renamed.
+  bool vanished = false;
+  for (int i = 0, j = 0; i < known_roles.count && !vanished; ++i) {
+    while (j < count && hashes[j] < known_roles.hashes[i]) ++j;
+    vanished = j == count || hashes[j] != known_roles.hashes[i];
+  }
+  if (vanished) pg_atomic_fetch_add_u64(&shared->role_generation, 1);
+  if (known_roles.hashes != nullptr) pfree(known_roles.hashes);
+  known_roles.hashes = hashes;
+  known_roles.count = count;
 }
 
 int reserve(Oid database, uint64* ticket) {

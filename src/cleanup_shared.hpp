@@ -1,10 +1,14 @@
 // What the cleanup launcher, its database workers and the sessions share (SPEC §5), in
 // shared memory (shared_preload_libraries only):
-//   - the role generation: a counter that every process bumps when pg_authid changes (a
-//     syscache callback on AUTHOID, and on a cache reset). A cleanup runs its pass over keys
-//     of dropped or renamed roles only when the counter moved since that database's last
+//   - the role generation: a counter that every process bumps when it learns of a change of
+//     a pg_authid row (a syscache callback on AUTHOID). A cleanup runs its pass over keys of
+//     dropped or renamed roles only when the counter moved since that database's last
 //     complete pass, so that with no role dropped a round costs the same with 10 or 10,000
-//     owners;
+//     owners. A cache reset (a process fell behind the invalidation queue, common on a
+//     server with much DDL) names no row: the launcher, which reads the queue every round,
+//     then compares a fingerprint of pg_authid with the last one and bumps the counter only
+//     if a role vanished (was dropped or renamed); without a launcher every cleanup makes the
+//     pass;
 //   - the extension generation: bumped at the commit of every CREATE EXTENSION idempotency
 //     (a ProcessUtility hook), so that the launcher looks again at databases it found
 //     without the extension only when one may have it now;
@@ -48,6 +52,11 @@ uint64 extension_generation();
 void become_launcher();
 // Sets the launcher's latch, if a launcher runs.
 void wake_launcher();
+// True while a launcher runs (it follows pg_authid for the role generation).
+bool launcher_running();
+// Launcher, in a transaction: after a cache reset (and at its start), reads pg_authid and
+// bumps the role generation if a role of the last reading is gone.
+void check_roles();
 
 // One registry entry as the launcher sees it.
 struct Entry {

@@ -204,6 +204,8 @@ void plan_round(LauncherState& state) {
   StartTransactionCommand();
   (void)GetTransactionSnapshot();
   pgstat_report_activity(STATE_RUNNING, "reading pg_database");
+  // The transaction's start read the invalidation queue: after a reset, look at pg_authid.
+  cleanup_shared::check_roles();
 
   // A CREATE EXTENSION idempotency committed somewhere: every absent database gets a look.
   const uint64 generation = cleanup_shared::extension_generation();
@@ -298,22 +300,26 @@ bool reap(LauncherState& state) {
   return waiting_for_unknown;
 }
 
-// The pool is full: counted for the database, and a WARNING at most once a minute.
+// The pool is full: counted for every database that waits for a worker, and a WARNING at
+// most once a minute.
 // pg-frame: the launcher, a bgworker main; it owns no C++ object (its state is plain data).
-void start_failed(LauncherState& state, Oid database) {
-  stats::count_start_failure(database);
+void start_failed(LauncherState& state) {
+  for (int i = state.pending_next; i < state.pending_count; ++i)
+    stats::count_start_failure(state.pending[i]);
   ++state.failures_since_warning;
   const TimestampTz now = GetCurrentTimestamp();
   if (state.last_warning != 0 && now - state.last_warning < kWarningIntervalMs * 1000) return;
-  ereport(
-      WARNING,
-      (errcode(ERRCODE_CONFIGURATION_LIMIT_EXCEEDED),
-       errmsg("idempotency cleanup: no free background worker slot to clean database %u", database),
-       errdetail("%d start(s) failed since the last warning; max_worker_processes is %d.",
-                 state.failures_since_warning, max_worker_processes),
-       errhint("Raise max_worker_processes: the cleanup uses up to %d at a time. Failures "
-               "are counted in idempotency_stats.worker_start_failures.",
-               cleanup_shared::kMaxWorkers)));
+  ereport(WARNING,
+          (errcode(ERRCODE_CONFIGURATION_LIMIT_EXCEEDED),
+           errmsg("idempotency cleanup: no free background worker slot to clean database %u",
+                  state.pending[state.pending_next]),
+           errdetail("%d start(s) failed since the last warning, %d database(s) wait; "
+                     "max_worker_processes is %d.",
+                     state.failures_since_warning, state.pending_count - state.pending_next,
+                     max_worker_processes),
+           errhint("Raise max_worker_processes: the cleanup uses up to %d at a time. Failures "
+                   "are counted in idempotency_stats.worker_start_failures.",
+                   cleanup_shared::kMaxWorkers)));
   state.last_warning = now;
   state.failures_since_warning = 0;
 }
@@ -350,7 +356,7 @@ bool start_pending(LauncherState& state) {
     MemoryContextSwitchTo(old);
     if (!registered) {
       cleanup_shared::release(index);
-      start_failed(state, database);
+      start_failed(state);
       return false;
     }
     state.handles[index] = handle;

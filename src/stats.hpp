@@ -48,7 +48,7 @@ struct OrphanPass {
   BlockNumber block = 0;      // the next block to read in it
 };
 // True when `database` needs a pass over `table` at role generation `generation`; always
-// true without shared memory.
+// true without shared memory or without a launcher.
 bool orphan_pass_due(Oid database, Oid table, uint64 generation);
 // The pass under way in `database` (generation 0: none).
 OrphanPass orphan_pass_progress(Oid database);

@@ -1,0 +1,150 @@
+# A large idempotency_cleanup() answers interrupts within milliseconds (issues #20/#21): a
+# cancel, a statement_timeout and a termination of the caller all end the call, and its
+# worker stops deleting right after. Figures (diag), all read on the server, so that no
+# client round trip is in them: the time from pg_cancel_backend() to the caller's state
+# change, from the statement's start to its timeout's answer, and from the signal (or the
+# answer) until the call's worker has gone. Each is bounded: 200 ms for the caller's answer
+# to a cancel, a second for the rest (the worker's stop may wait for a batch's commit).
+use strict;
+use warnings;
+use PostgreSQL::Test::Cluster;
+use PostgreSQL::Test::Utils;
+use Test::More;
+
+my $node = PostgreSQL::Test::Cluster->new('cleanup_cancel');
+$node->init;
+$node->append_conf('postgresql.conf', q{
+shared_preload_libraries = 'idempotency'
+});
+$node->start;
+$node->safe_psql('postgres', 'CREATE DATABASE app');
+# The background worker stays out: the calls below are the only deleters.
+$node->safe_psql('app', q{
+  CREATE EXTENSION idempotency;
+  ALTER DATABASE app SET idempotency.cleanup_worker = off});
+
+sub fill {
+  my ($n) = @_;
+  $node->safe_psql('app', qq{
+    INSERT INTO idempotency.idempotency_keys (key, owner, ttl, lease, created_at, expires_at, updated_at)
+    SELECT 'old' || g || '-' || md5(random()::text), current_user, '1 hour', '5 min',
+           now() - interval '2 hours', now() - interval '1 hour' + g * interval '1 us', now()
+      FROM generate_series(1, $n) g});
+}
+
+sub left { return $node->safe_psql('app', 'SELECT count(*) FROM idempotency.idempotency_keys'); }
+
+# Starts a call with batches of 1000 in a background session; returns the session and its
+# backend's pid once the call's worker has deleted some keys.
+sub start_call {
+  my ($before, $settings) = @_;
+  my $session = $node->background_psql('app', on_error_stop => 0);
+  my $pid = $session->query_safe('SELECT pg_backend_pid()');
+  $pid =~ s/\s+//g;
+  $session->query_until(qr/started/, "$settings\n\\echo started\nSELECT idempotency.idempotency_cleanup(1000);\n");
+  $node->poll_query_until('app', qq{SELECT count(*) < $before FROM idempotency.idempotency_keys})
+    or diag('the call deleted nothing');
+  return ($session, $pid);
+}
+
+# Milliseconds from $since until no call worker is left, watched on the server every
+# millisecond (for at most a minute: '' then).
+$node->safe_psql('app', q{
+  CREATE FUNCTION public.worker_gone_after(since timestamptz) RETURNS numeric
+  LANGUAGE plpgsql AS $$
+  BEGIN
+    FOR i IN 1 .. 60000 LOOP
+      PERFORM pg_stat_clear_snapshot();
+      IF NOT EXISTS (SELECT FROM pg_stat_activity WHERE backend_type = 'idempotency cleanup call') THEN
+        RETURN round(extract(epoch FROM clock_timestamp() - since) * 1000, 1);
+      END IF;
+      PERFORM pg_sleep(0.001);
+    END LOOP;
+    RETURN NULL;
+  END $$});
+
+sub worker_gone_after {
+  my ($since) = @_;
+  return $node->safe_psql('app', "SELECT public.worker_gone_after('$since')");
+}
+
+# Sends a signal by `function` (pg_cancel_backend, pg_terminate_backend) to `pid` and returns
+# the time just before (the CTE is evaluated first).
+sub signal {
+  my ($function, $pid) = @_;
+  return $node->safe_psql('app', qq{
+    WITH t AS MATERIALIZED (SELECT clock_timestamp() AS sent)
+    SELECT sent FROM t WHERE $function($pid)});
+}
+
+fill(1000000);
+my $total = left();
+is($total, '1000000', 'a million expired keys');
+
+# --- pg_cancel_backend() --------------------------------------------------------------------
+my ($session, $pid) = start_call($total, '');
+is($node->safe_psql('postgres', q{
+    SELECT count(*) FROM pg_stat_activity
+     WHERE backend_type = 'idempotency cleanup call' AND query LIKE '%batch of expired keys%'}),
+  '1', 'the call runs in its worker, batch by batch');
+my $cancel_at = signal('pg_cancel_backend', $pid);
+my $gone_ms = worker_gone_after($cancel_at);
+isnt($gone_ms, '', 'its worker goes');
+ok($node->poll_query_until('app', qq{SELECT state <> 'active' FROM pg_stat_activity WHERE pid = $pid}),
+  'the call ends');
+my $latency_ms = $node->safe_psql('app', qq{
+  SELECT round(extract(epoch FROM state_change - '$cancel_at'::timestamptz) * 1000, 1)
+    FROM pg_stat_activity WHERE pid = $pid});
+my $after = left();
+diag("cancel: the caller answered $latency_ms ms after pg_cancel_backend(), its worker was gone "
+    . "after $gone_ms ms; " . ($total - $after) . ' keys deleted before');
+# (A caller that waited for its worker to finish took over a second here for the rest of the
+# million keys; an answer needs no I/O, only the caller's next look at its interrupts.)
+cmp_ok($latency_ms, '<', 200, "the caller answers within 200 ms ($latency_ms ms)");
+cmp_ok($gone_ms, '<', 1000, "its worker is gone within a second ($gone_ms ms)");
+like($session->query('SELECT 1'), qr/^1/, 'the session goes on');
+like($session->{stderr}, qr/canceling statement due to user request/, 'with the cancel reported');
+cmp_ok($after, '>', 0, 'keys are left');
+cmp_ok($after, '<', $total, 'and the batches done before the cancel stay deleted');
+# The worker is gone: nothing deletes now (two looks, a moment apart).
+$node->safe_psql('app', 'SELECT pg_sleep(0.2)');
+is(left(), $after, 'no deletion after the cancel');
+$session->quit;
+
+# --- statement_timeout ----------------------------------------------------------------------
+$total = $after;
+($session, $pid) = start_call($total, "SET statement_timeout = '500ms';");
+ok($node->poll_query_until('app', qq{SELECT state <> 'active' FROM pg_stat_activity WHERE pid = $pid}),
+  'a call under statement_timeout ends');
+my $took = $node->safe_psql('app', qq{
+  SELECT round(extract(epoch FROM state_change - query_start) * 1000, 1) FROM pg_stat_activity WHERE pid = $pid});
+my $answered_at = $node->safe_psql('app', "SELECT state_change FROM pg_stat_activity WHERE pid = $pid");
+$gone_ms = worker_gone_after($answered_at);
+diag(sprintf('statement_timeout = 500ms: the call took %s ms (%.1f ms after its timeout), its '
+      . 'worker was gone %s ms after the caller answered', $took, $took - 500, $gone_ms));
+cmp_ok($took, '>=', 500, "not before its timeout ($took ms)");
+cmp_ok($took, '<', 1500, "and within a second of it ($took ms)");
+$session->query('SELECT 1');
+like($session->{stderr}, qr/canceling statement due to statement timeout/, 'with 57014 reported');
+isnt($gone_ms, '', 'its worker goes too');
+cmp_ok($gone_ms, '<', 1000, "within a second of the answer ($gone_ms ms)");
+$session->quit;
+
+# --- the caller terminated ----------------------------------------------------------------
+$total = left();
+($session, $pid) = start_call($total, '');
+my $terminated_at = signal('pg_terminate_backend', $pid);
+$gone_ms = worker_gone_after($terminated_at);
+diag("the caller terminated: its worker was gone after $gone_ms ms");
+isnt($gone_ms, '', 'when the caller is terminated, its worker goes');
+cmp_ok($gone_ms, '<', 1000, "within a second ($gone_ms ms)");
+$after = left();
+$node->safe_psql('app', 'SELECT pg_sleep(0.2)');
+is(left(), $after, 'and deletes nothing more');
+cmp_ok($after, '>', 0, 'keys are left for the next cleanup');
+eval { $session->quit };  # its psql lost the connection
+ok(!$node->log_contains(qr/idempotency.*(FATAL|PANIC)|(FATAL|PANIC).*idempotency/),
+  'no worker logged a FATAL');
+
+$node->stop;
+done_testing();
