@@ -184,12 +184,18 @@ void call_main(dsm_handle handle) {
   if ((progress.installed || !failure.empty()) && !worker_session::stop_requested())
     stats::record_cleanup(MyDatabaseId, progress.deleted,
                           failure.empty() ? nullptr : failure.c_str());
-  ereport(DEBUG1, (errmsg_internal("idempotency_cleanup() of backend %d: %ld ms, " UINT64_FORMAT
-                                   " keys deleted, orphan pass %s, peak memory %zu bytes",
-                                   static_cast<int>(call->requester),
-                                   static_cast<long>((GetCurrentTimestamp() - started) / 1000),
-                                   progress.deleted, progress.orphan_pass ? "yes" : "no",
-                                   progress.peak_memory)));
+  // `failure` is alive, and nothing may be thrown out of this frame: a log line at most.
+  try {
+    pg_call([&] {
+      ereport(DEBUG1, (errmsg_internal("idempotency_cleanup() of backend %d: %ld ms, " UINT64_FORMAT
+                                       " keys deleted, orphan pass %s, peak memory %zu bytes",
+                                       static_cast<int>(call->requester),
+                                       static_cast<long>((GetCurrentTimestamp() - started) / 1000),
+                                       progress.deleted, progress.orphan_pass ? "yes" : "no",
+                                       progress.peak_memory)));
+    });
+  } catch (...) {
+  }
   call->deleted = progress.deleted;
   pg_write_barrier();
   call->finished = true;

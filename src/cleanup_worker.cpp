@@ -482,13 +482,20 @@ cleanup_shared::Outcome run_round() noexcept {
     stats::record_cleanup(MyDatabaseId, progress.deleted,
                           failure.empty() ? nullptr : failure.c_str(),
                           progress.unfinished ? progress.resume_from : DT_NOBEGIN);
-  if (progress.installed)
-    ereport(DEBUG1,
-            (errmsg_internal(
-                "idempotency cleanup of database %u: round of %ld ms, " UINT64_FORMAT
-                " keys deleted, orphan pass %s, peak memory %zu bytes",
-                MyDatabaseId, static_cast<long>((GetCurrentTimestamp() - started) / 1000),
-                progress.deleted, progress.orphan_pass ? "yes" : "no", progress.peak_memory)));
+  // `failure` is alive and this function is noexcept: a log line at most.
+  if (progress.installed) {
+    try {
+      pg_call([&] {
+        ereport(DEBUG1,
+                (errmsg_internal(
+                    "idempotency cleanup of database %u: round of %ld ms, " UINT64_FORMAT
+                    " keys deleted, orphan pass %s, peak memory %zu bytes",
+                    MyDatabaseId, static_cast<long>((GetCurrentTimestamp() - started) / 1000),
+                    progress.deleted, progress.orphan_pass ? "yes" : "no", progress.peak_memory)));
+      });
+    } catch (...) {
+    }
+  }
   if (!failure.empty()) return Outcome::kFailed;
   if (!progress.installed) return progress.paused ? Outcome::kPaused : Outcome::kNotInstalled;
   if (progress.paused) return Outcome::kPaused;

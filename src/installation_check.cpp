@@ -34,6 +34,68 @@ bool is_built_in(Oid object) {
   return object < FirstNormalObjectId;
 }
 
+// Objects found in pg_depend (palloc'd).
+struct Objects {
+  ObjectAddress* items = nullptr;
+  int count = 0;
+  bool contains(Oid class_id, Oid object_id) const {
+    for (int i = 0; i < count; ++i)
+      if (items[i].classId == class_id && items[i].objectId == object_id) return true;
+    return false;
+  }
+};
+
+// The objects that depend on (`class_id`, `object_id`), by a dependency of type `type`
+// (0: any), in one scan of pg_depend's reference index.
+// pg-frame: runs inside caller.cpp's pg_call only (owns no C++ object).
+Objects dependents_of(Oid class_id, Oid object_id, char type) {
+  Relation depend = table_open(DependRelationId, AccessShareLock);
+  ScanKeyData keys[2];
+  ScanKeyInit(&keys[0], Anum_pg_depend_refclassid, BTEqualStrategyNumber, F_OIDEQ,
+              ObjectIdGetDatum(class_id));
+  ScanKeyInit(&keys[1], Anum_pg_depend_refobjid, BTEqualStrategyNumber, F_OIDEQ,
+              ObjectIdGetDatum(object_id));
+  SysScanDesc scan = systable_beginscan(depend, DependReferenceIndexId, true, nullptr, 2, keys);
+  Objects found;
+  int capacity = 32;
+  found.items = static_cast<ObjectAddress*>(palloc(capacity * sizeof(ObjectAddress)));
+  for (HeapTuple tuple = systable_getnext(scan); HeapTupleIsValid(tuple);
+       tuple = systable_getnext(scan)) {
+    const auto* form = reinterpret_cast<Form_pg_depend>(GETSTRUCT(tuple));
+    if (type != 0 && form->deptype != type) continue;
+    if (found.count == capacity) {
+      capacity *= 2;
+      found.items =
+          static_cast<ObjectAddress*>(repalloc(found.items, capacity * sizeof(ObjectAddress)));
+    }
+    found.items[found.count++] = {form->classid, form->objid, form->objsubid};
+  }
+  systable_endscan(scan);
+  table_close(depend, AccessShareLock);
+  return found;
+}
+
+// The catalogs of the objects checked, each opened once for the whole check (opening one
+// per object took a lock and its release each time).
+struct OpenCatalogs {
+  static constexpr int kCapacity = 16;
+  Relation relations[kCapacity] = {};
+  int count = 0;
+  // pg-frame: runs inside caller.cpp's pg_call only (owns no C++ object).
+  Relation of(Oid class_id) {
+    for (int i = 0; i < count; ++i)
+      if (RelationGetRelid(relations[i]) == class_id) return relations[i];
+    if (count == kCapacity) close();
+    relations[count] = table_open(class_id, AccessShareLock);
+    return relations[count++];
+  }
+  // pg-frame: runs inside caller.cpp's pg_call only (owns no C++ object).
+  void close() {
+    for (int i = 0; i < count; ++i) table_close(relations[i], AccessShareLock);
+    count = 0;
+  }
+};
+
 // "function idempotency.f(pg_catalog.text)": qualified whatever the caller's search_path.
 // pg-frame: runs inside caller.cpp's pg_call only (owns no C++ object).
 const char* describe(const ObjectAddress& object) {
@@ -161,7 +223,7 @@ bool is_expected_default(const Form_pg_attribute attribute, const char* expressi
 // The columns of `table`: no generated or identity column, no type that brings code of
 // someone else's, no default but the install script's.
 // pg-frame: runs inside caller.cpp's pg_call only (owns no C++ object).
-bool check_columns(Relation table, Oid extension, bool key_table, const char* what,
+bool check_columns(Relation table, const Objects& members, bool key_table, const char* what,
                    Refusal* refusal) {
   TupleDesc desc = RelationGetDescr(table);
   const TupleConstr* constraints = desc->constr;
@@ -174,8 +236,7 @@ bool check_columns(Relation table, Oid extension, bool key_table, const char* wh
                     psprintf("column \"%s\" of %s of extension idempotency is %s column", column,
                              what, attribute->attgenerated != '\0' ? "a generated" : "an identity"),
                     kCodeHint);
-    if (!is_built_in(attribute->atttypid) &&
-        getExtensionOfObject(TypeRelationId, attribute->atttypid) != extension)
+    if (!is_built_in(attribute->atttypid) && !members.contains(TypeRelationId, attribute->atttypid))
       return refuse(refusal, ERRCODE_INSUFFICIENT_PRIVILEGE,
                     psprintf("column \"%s\" of %s of extension idempotency is of type %s, which "
                              "is neither built in nor the extension's",
@@ -258,7 +319,7 @@ bool check_indexes(Relation table, const char* what, Refusal* refusal) {
 // No code attached to `table`, an extension table (`key_table`: idempotency_keys or one of
 // its Citus shards, which may keep the install script's defaults).
 // pg-frame: runs inside caller.cpp's pg_call only (owns no C++ object).
-bool check_code(Relation table, Oid extension, bool key_table, Refusal* refusal) {
+bool check_code(Relation table, const Objects& members, bool key_table, Refusal* refusal) {
   const Oid relation = RelationGetRelid(table);
   const char* what = psprintf("table %s", RelationGetRelationName(table));
   if (table->trigdesc != nullptr) {
@@ -315,7 +376,7 @@ bool check_code(Relation table, Oid extension, bool key_table, Refusal* refusal)
                            what),
                   "A parent's or child's triggers, defaults and constraints would be the "
                   "extension's too: detach them.");
-  return check_columns(table, extension, key_table, what, refusal) &&
+  return check_columns(table, members, key_table, what, refusal) &&
          check_indexes(table, what, refusal);
 }
 
@@ -373,7 +434,7 @@ bool untrusted_creator(Oid schema, Acl* acl, Oid* creator) {
 // distributed table's rows in tables named after it and the shard's number, in its schema)?
 // Sets *of_key_table when the table it shards is idempotency_keys.
 // pg-frame: runs inside caller.cpp's pg_call only (owns no C++ object).
-bool is_citus_shard(Oid relation, Oid schema, Oid extension, bool* of_key_table) {
+bool is_citus_shard(Oid relation, Oid schema, const Objects& members, bool* of_key_table) {
   if (!citus_guard::citus_loaded()) return false;
   HeapTuple tuple = SearchSysCache1(RELOID, ObjectIdGetDatum(relation));
   if (!HeapTupleIsValid(tuple)) return false;
@@ -388,16 +449,16 @@ bool is_citus_shard(Oid relation, Oid schema, Oid extension, bool* of_key_table)
   *separator = '\0';
   const Oid sharded = get_relname_relid(name, schema);
   *of_key_table = strcmp(name, kTableName) == 0;
-  return OidIsValid(sharded) && getExtensionOfObject(RelationRelationId, sharded) == extension;
+  return OidIsValid(sharded) && members.contains(RelationRelationId, sharded);
 }
 
 // The object at `address` in the extension's schema: owned by a superuser, and not a
 // SECURITY DEFINER function (which would act for its owner: everyone's keys in one place).
 // pg-frame: runs inside caller.cpp's pg_call only (owns no C++ object).
-bool check_object_owner(const ObjectAddress& address, Refusal* refusal) {
+bool check_object_owner(const ObjectAddress& address, OpenCatalogs& catalogs, Refusal* refusal) {
   const AttrNumber owner_column = get_object_attnum_owner(address.classId);
   if (owner_column == InvalidAttrNumber) return true;
-  Relation catalog = table_open(address.classId, AccessShareLock);
+  Relation catalog = catalogs.of(address.classId);
   HeapTuple tuple =
       get_catalog_object_by_oid(catalog, get_object_attnum_oid(address.classId), address.objectId);
   Oid owner = InvalidOid;
@@ -409,7 +470,6 @@ bool check_object_owner(const ObjectAddress& address, Refusal* refusal) {
     definer = address.classId == ProcedureRelationId &&
               reinterpret_cast<Form_pg_proc>(GETSTRUCT(tuple))->prosecdef;
   }
-  table_close(catalog, AccessShareLock);
   if (OidIsValid(owner) && !superuser_arg(owner))
     return refuse(refusal, ERRCODE_INSUFFICIENT_PRIVILEGE,
                   psprintf("%s of extension idempotency is owned by %s, which is not a superuser",
@@ -426,51 +486,34 @@ bool check_object_owner(const ObjectAddress& address, Refusal* refusal) {
 // belong to another object: indexes, row and array types): a member of the extension, or a
 // Citus shard of one of its tables; each owned by a superuser; a shard without code.
 // pg-frame: runs inside caller.cpp's pg_call only (owns no C++ object).
-bool check_objects(Oid schema, Oid extension, Refusal* refusal) {
-  Relation depend = table_open(DependRelationId, AccessShareLock);
-  ScanKeyData keys[2];
-  ScanKeyInit(&keys[0], Anum_pg_depend_refclassid, BTEqualStrategyNumber, F_OIDEQ,
-              ObjectIdGetDatum(NamespaceRelationId));
-  ScanKeyInit(&keys[1], Anum_pg_depend_refobjid, BTEqualStrategyNumber, F_OIDEQ,
-              ObjectIdGetDatum(schema));
-  SysScanDesc scan = systable_beginscan(depend, DependReferenceIndexId, true, nullptr, 2, keys);
-  int count = 0;
-  int capacity = 32;
-  auto* objects = static_cast<ObjectAddress*>(palloc(capacity * sizeof(ObjectAddress)));
-  for (HeapTuple tuple = systable_getnext(scan); HeapTupleIsValid(tuple);
-       tuple = systable_getnext(scan)) {
-    const auto* form = reinterpret_cast<Form_pg_depend>(GETSTRUCT(tuple));
-    if (count == capacity) {
-      capacity *= 2;
-      objects = static_cast<ObjectAddress*>(repalloc(objects, capacity * sizeof(ObjectAddress)));
-    }
-    objects[count++] = {form->classid, form->objid, form->objsubid};
-  }
-  systable_endscan(scan);
-  table_close(depend, AccessShareLock);
-  for (int i = 0; i < count; ++i) {
-    const ObjectAddress& object = objects[i];
+bool check_objects(Oid schema, Oid extension, const Objects& members, Refusal* refusal) {
+  const Objects objects = dependents_of(NamespaceRelationId, schema, 0);
+  OpenCatalogs catalogs;
+  bool safe = true;
+  for (int i = 0; safe && i < objects.count; ++i) {
+    const ObjectAddress& object = objects.items[i];
     if (object.classId == ExtensionRelationId && object.objectId == extension) continue;
     bool of_key_table = false;
-    const bool member = getExtensionOfObject(object.classId, object.objectId) == extension;
+    const bool member = members.contains(object.classId, object.objectId);
     const bool shard = !member && object.classId == RelationRelationId &&
-                       is_citus_shard(object.objectId, schema, extension, &of_key_table);
-    if (!member && !shard)
-      return refuse(
-          refusal, ERRCODE_INSUFFICIENT_PRIVILEGE,
-          psprintf("%s is in schema \"%s\" but not part of extension idempotency", describe(object),
-                   get_namespace_name(schema)),
-          "The extension's schema must hold nothing but its own objects (a look-alike there "
-          "could catch calls): drop that object or move it to another schema.");
-    if (!check_object_owner(object, refusal)) return false;
-    if (shard) {
+                       is_citus_shard(object.objectId, schema, members, &of_key_table);
+    if (!member && !shard) {
+      safe =
+          refuse(refusal, ERRCODE_INSUFFICIENT_PRIVILEGE,
+                 psprintf("%s is in schema \"%s\" but not part of extension idempotency",
+                          describe(object), get_namespace_name(schema)),
+                 "The extension's schema must hold nothing but its own objects (a look-alike there "
+                 "could catch calls): drop that object or move it to another schema.");
+    } else if (!check_object_owner(object, catalogs, refusal)) {
+      safe = false;
+    } else if (shard) {
       Relation table = relation_open(object.objectId, AccessShareLock);
-      const bool safe = check_code(table, extension, of_key_table, refusal);
+      safe = check_code(table, members, of_key_table, refusal);
       relation_close(table, NoLock);
-      if (!safe) return false;
     }
   }
-  return true;
+  catalogs.close();
+  return safe;
 }
 
 // The schema itself: owned by a superuser, and nobody else may create objects in it.
@@ -515,7 +558,7 @@ bool check_schema(Oid schema, Refusal* refusal) {
 // superuser, no rights for anyone else, no code. InvalidOid (and no refusal) when it is
 // missing and `required` is false.
 // pg-frame: runs inside caller.cpp's pg_call only (owns no C++ object).
-bool check_table(Oid schema, Oid extension, const char* name, bool required, LOCKMODE lock,
+bool check_table(Oid schema, const Objects& members, const char* name, bool required, LOCKMODE lock,
                  Oid* table, Oid* owner, Refusal* refusal) {
   *table = get_relname_relid(name, schema);
   if (!OidIsValid(*table)) {
@@ -542,7 +585,7 @@ bool check_table(Oid schema, Oid extension, const char* name, bool required, LOC
                   kOwnerHint);
   else
     safe = check_grants(*table, name, *owner, refusal) &&
-           check_code(relation, extension, strcmp(name, kTableName) == 0, refusal);
+           check_code(relation, members, strcmp(name, kTableName) == 0, refusal);
   relation_close(relation, NoLock);
   return safe;
 }
@@ -580,15 +623,17 @@ bool examine(Oid schema, Found* found, Refusal* refusal) {
                   psprintf("extension idempotency is not installed in schema \"%s\"",
                            get_namespace_name(schema)),
                   "Call the functions of the extension's own schema.");
+  // The extension's members, read once (pg_depend's entries of type 'e' on it).
+  const Objects members = dependents_of(ExtensionRelationId, extension, DEPENDENCY_EXTENSION);
   // The lock the claims take next: no second lock mode on the table.
   Oid salt = InvalidOid;
   Oid salt_owner = InvalidOid;
-  if (!check_table(schema, extension, kTableName, true, RowExclusiveLock, &found->table,
+  if (!check_table(schema, members, kTableName, true, RowExclusiveLock, &found->table,
                    &found->owner, refusal) ||
-      !check_table(schema, extension, kSaltTableName, false, AccessShareLock, &salt, &salt_owner,
+      !check_table(schema, members, kSaltTableName, false, AccessShareLock, &salt, &salt_owner,
                    refusal))
     return false;
-  return check_objects(schema, extension, refusal);
+  return check_objects(schema, extension, members, refusal);
 }
 
 }  // namespace idem::installation_check

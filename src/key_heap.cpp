@@ -470,11 +470,10 @@ bool available() {
 }
 
 // The one place that decides, per call, whether the table is reached directly at all
-// (reads and writes); the table's shape then decides the writes (needs_executor).
-// idempotency.executor_path sends everything through SPI, as on Citus.
+// (reads and writes); the table's shape, and the superuser switch idempotency.executor_path,
+// then decide the writes (needs_executor).
 bool direct_path() {
-  return available() && !gucs::executor_path && ExecutorCheckPerms_hook == nullptr &&
-         object_access_hook == nullptr;
+  return available() && ExecutorCheckPerms_hook == nullptr && object_access_hook == nullptr;
 }
 
 namespace {

@@ -261,11 +261,12 @@ std::optional<KeyRow> Session::peek(text* owner, text* scope, text* key, bool* a
     // undecided version with one.
     std::optional<KeyRow> row =
         find(owner, scope, key, fresh_snapshot || !IsolationUsesXactSnapshot());
-    // A snapshot transaction reading through the executor: as the direct look raises 40001
-    // where a version committed after the snapshot would decide, so does this one, by reading
-    // the key again as of now. A newer version that holds one of this transaction's own
-    // tokens is its own write (an earlier claim of the same statement), no conflict.
-    if (IsolationUsesXactSnapshot() && ActiveSnapshotSet()) {
+    // A snapshot transaction that waited, reading through the executor: it would never see
+    // the holder's end, so where a version committed after its snapshot exists it gets 40001
+    // (as the direct look raises it) instead of sleeping out its wait; the key is read again
+    // as of now. A first look answers as a SELECT would. A newer version that holds one of
+    // this transaction's own tokens is its own write, no conflict.
+    if (fresh_snapshot && IsolationUsesXactSnapshot() && ActiveSnapshotSet()) {
       const std::optional<KeyRow> now = find_as_of_now(owner, scope, key);
       const bool own =
           now && now->lease_token && own_token_ != nullptr && own_token_(*now->lease_token);

@@ -212,7 +212,7 @@ INSERT INTO sc.cases VALUES
   (7, 'ALTER TABLE idempotency.idempotency_keys ADD CONSTRAINT c CHECK (public.sc_true(key)) NOT VALID',
       'table idempotency_keys of extension idempotency has check constraint "c"'),
   (8, 'CREATE TABLE public.sc_refs (owner text COLLATE "C", key text COLLATE "C", scope text COLLATE "C", FOREIGN KEY (key, scope, owner) REFERENCES idempotency.idempotency_keys (key, scope, owner) ON DELETE CASCADE)',
-      'table idempotency_keys of extension idempotency takes part in foreign key constraint "sc_refs_owner_key_scope_fkey"'),
+      'table idempotency_keys of extension idempotency takes part in foreign key constraint "sc_refs_key_scope_owner_fkey"'),
   (9, 'ALTER TABLE idempotency.idempotency_keys ALTER COLUMN recovery_point SET DEFAULT public.sc_value()',
       'column "recovery_point" of table idempotency_keys of extension idempotency has a default that the extension did not give it'),
   (10, 'ALTER TABLE idempotency.idempotency_keys ALTER COLUMN attempts SET DEFAULT 2',
