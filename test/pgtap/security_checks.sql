@@ -19,7 +19,7 @@
 \pset tuples_only on
 SET client_min_messages = warning;
 
-SELECT plan(102);
+SELECT plan(103);
 
 SELECT pg_backend_pid() AS start_pid \gset
 SELECT current_setting('data_directory') || '/../server.log' AS server_log \gset
@@ -254,7 +254,9 @@ INSERT INTO sc.cases VALUES
   (28, 'GRANT SELECT (response) ON idempotency.idempotency_keys TO sc_app',
       'column response of table idempotency_keys of extension idempotency grants rights to role "sc_app", which is not a superuser'),
   (29, 'GRANT SELECT (salt) ON idempotency.key_lock_salt TO PUBLIC',
-      'column salt of table key_lock_salt of extension idempotency grants rights to PUBLIC, which is not a superuser');
+      'column salt of table key_lock_salt of extension idempotency grants rights to PUBLIC, which is not a superuser'),
+  (30, 'ALTER TABLE idempotency.idempotency_keys ALTER COLUMN scope SET DEFAULT public.sc_value()',
+      'column "scope" of table idempotency_keys of extension idempotency has a default that the extension did not give it');
 -- Each case in its own subtransaction, rolled back after the claim (its result kept).
 CREATE TABLE sc.results (n int, outcome text, rows_written bigint, app text);
 CREATE FUNCTION sc.try_case(c sc.cases) RETURNS void LANGUAGE plpgsql AS $$
