@@ -68,12 +68,14 @@ killed_by() {
     }' "$1"
 }
 
-killed=0 survived=0
+killed=0 survived=0 number=0
 rows=()
 while IFS='|' read -r name file expression suites why; do
   [[ -z $name || $name == \#* ]] && continue
   ((${#wanted[@]} == 0)) || [[ -n ${wanted[$name]:-} ]] || continue
-  copy="$scratch/$name"
+  # A short directory: the servers' sockets live below it, and a socket path has at most
+  # 107 bytes (a long mutant name made servers fail to start, which looked like a kill).
+  copy="$scratch/$((++number))"
   mkdir -p "$copy"
   # With the unmutated build's objects (and the stamp naming the installation they are for):
   # make then compiles only what the mutant changed, which it leaves newer than its object.
@@ -110,9 +112,9 @@ while IFS='|' read -r name file expression suites why; do
     >"$log" 2>&1; then
     verdict=survived
     survived=$((survived + 1))
-  elif ! grep -q '^== summary' "$log"; then
-    # It did not build (say -Werror on a variable the mutant left unused) or the runner
-    # stopped before the suites: not a kill; make the mutant compile.
+  elif ! grep -q '^== summary' "$log" || grep -q '(could not start a server)' "$log"; then
+    # It did not build (say -Werror on a variable the mutant left unused), the runner
+    # stopped before the suites, or a server did not start: not a kill.
     verdict=BROKEN
     survived=$((survived + 1))
   else
