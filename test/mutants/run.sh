@@ -12,7 +12,8 @@
 # again at the end. Prints one line per mutant (killed, survived, NOT APPLIED when the
 # expression matched nothing, BROKEN when the mutant did not build) with what went red, and
 # a closing "N passed, N failed" (a killed mutant passes). The logs stay in
-# .test-run/mutants/.
+# .test-run/mutants/. A mutant whose suites are "build" must be refused by the compiler (a
+# static assertion: code checked at compile time, like src/siphash.hpp's vectors).
 set -uo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 root="$(cd "$here/../.." && pwd)"
@@ -67,12 +68,14 @@ killed_by() {
     }' "$1"
 }
 
-killed=0 survived=0
+killed=0 survived=0 number=0
 rows=()
 while IFS='|' read -r name file expression suites why; do
   [[ -z $name || $name == \#* ]] && continue
   ((${#wanted[@]} == 0)) || [[ -n ${wanted[$name]:-} ]] || continue
-  copy="$scratch/$name"
+  # A short directory: the servers' sockets live below it, and a socket path has at most
+  # 107 bytes (a long mutant name made servers fail to start, which looked like a kill).
+  copy="$scratch/$((++number))"
   mkdir -p "$copy"
   # With the unmutated build's objects (and the stamp naming the installation they are for):
   # make then compiles only what the mutant changed, which it leaves newer than its object.
@@ -91,14 +94,27 @@ while IFS='|' read -r name file expression suites why; do
   read -ra suite_list <<<"${suites:-regress isolation pgtap}"
   start=$SECONDS
   log="$logs/$name.log"
+  if [[ $suites == build ]]; then
+    # Code checked at compile time (src/siphash.hpp's reference vectors): the build must
+    # refuse the mutant by a static assertion.
+    if (cd "$copy" && make -s -j2 PG_CONFIG="$IDEM_PG_CONFIG") >"$log" 2>&1; then
+      verdict=survived
+      survived=$((survived + 1))
+    elif grep -q 'static assertion failed' "$log"; then
+      verdict=killed
+      killed=$((killed + 1))
+    else
+      verdict=BROKEN
+      survived=$((survived + 1))
+    fi
   # The copy's own runner builds and installs the mutant, then runs the suites.
-  if (cd "$copy" && unset IDEM_BUILT IDEM_SCRATCH IDEM_SRC && bash test/run.sh "${suite_list[@]}") \
+  elif (cd "$copy" && unset IDEM_BUILT IDEM_SCRATCH IDEM_SRC && bash test/run.sh "${suite_list[@]}") \
     >"$log" 2>&1; then
     verdict=survived
     survived=$((survived + 1))
-  elif ! grep -q '^== summary' "$log"; then
-    # It did not build (say -Werror on a variable the mutant left unused) or the runner
-    # stopped before the suites: not a kill; make the mutant compile.
+  elif ! grep -q '^== summary' "$log" || grep -q '(could not start a server)' "$log"; then
+    # It did not build (say -Werror on a variable the mutant left unused), the runner
+    # stopped before the suites, or a server did not start: not a kill.
     verdict=BROKEN
     survived=$((survived + 1))
   else
@@ -106,7 +122,11 @@ while IFS='|' read -r name file expression suites why; do
     killed=$((killed + 1))
   fi
   rows+=("$(printf '%-30s %-8s %4ds  %s' "$name" "$verdict" $((SECONDS - start)) "$why")")
-  [[ $verdict == killed ]] && rows+=("$(printf '%-30s by %s' '' "$(killed_by "$log")")")
+  if [[ $verdict == killed && $suites == build ]]; then
+    rows+=("$(printf '%-30s by %s' '' "the build (a static assertion)")")
+  elif [[ $verdict == killed ]]; then
+    rows+=("$(printf '%-30s by %s' '' "$(killed_by "$log")")")
+  fi
   rm -rf "$copy"
 done <"$here/mutants.txt"
 

@@ -9,7 +9,7 @@
 \pset tuples_only on
 SET client_min_messages = warning;
 
-SELECT plan(12);
+SELECT plan(13);
 
 -- Inbox: the work takes longer than the ttl.
 BEGIN;
@@ -38,6 +38,8 @@ CREATE TEMP TABLE done2 AS
     FROM idempotency.complete_key('two-phase-slow', (SELECT token FROM c2), '{"paid": 2}'::jsonb);
 SELECT ok((SELECT expires_at > completed_at FROM done2), 'two-phase: an expiry in the future');
 SELECT is((SELECT status::text FROM idempotency.claim_key('two-phase-slow')), 'replay', 'two-phase: replay');
+SELECT is((SELECT expires_at - updated_at FROM idempotency.idempotency_keys WHERE key = 'two-phase-slow'),
+          interval '2 s', 'two-phase: stored as completion time + ttl (not the claim''s expiry, the end of its lease)');
 
 -- complete_keys in the claiming transaction.
 BEGIN;

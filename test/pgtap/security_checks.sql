@@ -19,7 +19,7 @@
 \pset tuples_only on
 SET client_min_messages = warning;
 
-SELECT plan(101);
+SELECT plan(103);
 
 SELECT pg_backend_pid() AS start_pid \gset
 SELECT current_setting('data_directory') || '/../server.log' AS server_log \gset
@@ -254,7 +254,9 @@ INSERT INTO sc.cases VALUES
   (28, 'GRANT SELECT (response) ON idempotency.idempotency_keys TO sc_app',
       'column response of table idempotency_keys of extension idempotency grants rights to role "sc_app", which is not a superuser'),
   (29, 'GRANT SELECT (salt) ON idempotency.key_lock_salt TO PUBLIC',
-      'column salt of table key_lock_salt of extension idempotency grants rights to PUBLIC, which is not a superuser');
+      'column salt of table key_lock_salt of extension idempotency grants rights to PUBLIC, which is not a superuser'),
+  (30, 'ALTER TABLE idempotency.idempotency_keys ALTER COLUMN scope SET DEFAULT public.sc_value()',
+      'column "scope" of table idempotency_keys of extension idempotency has a default that the extension did not give it');
 -- Each case in its own subtransaction, rolled back after the claim (its result kept).
 CREATE TABLE sc.results (n int, outcome text, rows_written bigint, app text);
 CREATE FUNCTION sc.try_case(c sc.cases) RETURNS void LANGUAGE plpgsql AS $$
@@ -436,6 +438,19 @@ SELECT is((SELECT string_agg(n::text || ' ' || after_undo, ', ') FROM sc.stray_r
             WHERE after_undo NOT IN ('ok claimed', 'ok in_progress')), NULL,
           'schema objects: each one undone, calls work again');
 SELECT is(sc.rows() - :rows_before_strays, 1::bigint, 'schema objects: only the accepted claim was written');
+
+-- The extension's C function declared by a superuser in a schema of its own (safe by itself:
+-- owned by a superuser, CREATE for nobody else): its calls refuse, since the extension's
+-- tables are not in that schema, and write nothing.
+CREATE SCHEMA sc_copy;
+CREATE FUNCTION sc_copy.claim_key(key text, fingerprint bytea DEFAULT NULL, scope text DEFAULT '',
+                                  ttl interval DEFAULT NULL, lease interval DEFAULT NULL, wait interval DEFAULT NULL)
+  RETURNS idempotency.claim_result LANGUAGE c AS '$libdir/idempotency', 'claim_key';
+SELECT is(sc.outcome($$SELECT status FROM sc_copy.claim_key('copy-1')$$) || ' ' ||
+            (SELECT count(*) FROM idempotency.idempotency_keys WHERE key = 'copy-1'),
+          '42704 | extension idempotency is not installed in schema "sc_copy" 0',
+          'the extension''s function declared in another schema: refused (42704), nothing written');
+DROP SCHEMA sc_copy CASCADE;
 
 -------------------------------------------------------------------------------
 -- 7. Event triggers of a superuser never fire during the extension's calls (it runs no

@@ -8,6 +8,7 @@ use warnings;
 use PostgreSQL::Test::Cluster;
 use PostgreSQL::Test::Utils;
 use Test::More;
+use Time::HiRes qw(time);
 
 my $pkglib = `pg_config --pkglibdir`;
 chomp $pkglib;
@@ -53,6 +54,37 @@ is($node->safe_psql('postgres', q{
      SELECT count(*) FROM pg_locks WHERE pid = pg_backend_pid() AND locktype = 'advisory';
      COMMIT;}, extra_params => [ '-U', 'app' ]),
   '1', "an application role's claim goes through the executor too");
+
+# Snapshot transactions on the executor path (issue #22): a look after waiting reads the key
+# as of now too, as the direct look does.
+# A REPEATABLE READ waiter whose holder completes the key: that version committed after the
+# waiter's snapshot, so the waiter fails with 40001 once the completion wakes it, instead of
+# answering from its snapshot's old row (in_progress) when its 60 s wait runs out.
+$node->safe_psql('postgres', q{SELECT idempotency.claim_key('rr-wait', lease => '1 hour')},
+  extra_params => [ '-U', 'app' ]);
+my $holder_token = $node->safe_psql('postgres',
+  q{SELECT lease_token FROM idempotency.idempotency_keys WHERE key = 'rr-wait'});
+my $waiter = $node->background_psql('postgres', extra_params => [ '-U', 'app' ], on_error_stop => 0);
+my $waiter_pid = $waiter->query_safe('SELECT pg_backend_pid()');
+$waiter->query_safe('BEGIN ISOLATION LEVEL REPEATABLE READ');
+$waiter->query_safe('SELECT 1');
+$waiter->{stdout} = '';
+$waiter->{stderr} = '';
+$waiter->query_until(qr/waiting/, q{\echo waiting
+  SELECT status FROM idempotency.claim_key('rr-wait', wait => '60 s');
+  \echo done
+});
+ok($node->poll_query_until('postgres',
+    "SELECT EXISTS (SELECT FROM pg_stat_activity WHERE pid = $waiter_pid AND wait_event_type = 'Extension')"),
+  'REPEATABLE READ waiter: it sleeps on the key');
+my $completed_at = time;
+$node->safe_psql('postgres', qq{SELECT idempotency.complete_key('rr-wait', '$holder_token', '{}')},
+  extra_params => [ '-U', 'app' ]);
+pump_until($waiter->{run}, $waiter->{timeout}, \$waiter->{stdout}, qr/done/);
+like($waiter->{stderr}, qr/could not serialize access due to concurrent update/,
+  'REPEATABLE READ waiter: 40001 once the holder completes (not in_progress from its snapshot)');
+cmp_ok(time - $completed_at, '<', 50, 'long before its 60 s wait ends');
+$waiter->quit;
 
 $node->stop;
 done_testing();

@@ -109,9 +109,9 @@ cmp_ok($took, '<', 5000, "before its 5 s wait ends (${took} ms)");
 # The safety net: a prepared transaction ends by COMMIT PREPARED, whose transaction wrote no
 # key itself and wakes nobody. The waiter must still replay long before its wait ends.
 $holder->query_safe(
-  q{BEGIN; SELECT complete_key('prepared', (claim_key('prepared')).token, '{"p": 1}'); PREPARE TRANSACTION 'idem_043'});
+  q{BEGIN; SELECT complete_key('prepared', (claim_key('prepared')).token, '{"p": 1}'); PREPARE TRANSACTION 'idem_046'});
 start_waiting('prepared', '5 s');
-when_waiter_sleeps(q{COMMIT PREPARED 'idem_043'});
+when_waiter_sleeps(q{COMMIT PREPARED 'idem_046'});
 ($status, $took) = waiter_answer();
 is($status, 'replay', 'a holder that ends by COMMIT PREPARED: the waiter replays its outcome');
 cmp_ok($took, '<', 5000, "before its 5 s wait ends (${took} ms)");
