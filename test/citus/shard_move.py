@@ -17,10 +17,14 @@ complete their own keys and no other role's. The nodes run no cleanup worker (ci
 the expired rows move too and no cleanup round races a claim. Prints one "ok" / "not ok"
 line per assertion, then "N passed, N failed".
 """
+import os
 import sys
 import time
 
 import psycopg
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "pylib"))
+from tap_count import check, finish  # noqa: E402
 
 HOST = "127.0.0.1"
 ports = [int(p) for p in sys.argv[1:6]]
@@ -32,18 +36,6 @@ ROLES = ["alice", "bob", "carol"]
 # roles, and names another role can claim afresh.
 STATES = ["done", "held", "released", "checkpointed", "expired", "reclaimed"]
 NAMES = ["%s-%d" % (state, n) for state in STATES for n in range(6)]
-passed = failed = 0
-
-
-def check(name, condition, detail=""):
-    global passed, failed
-    if condition:
-        passed += 1
-        print("ok - " + name)
-    else:
-        failed += 1
-        print("not ok - %s %s" % (name, detail))
-    sys.stdout.flush()
 
 
 def connect(port, user="postgres"):
@@ -260,5 +252,4 @@ try:
 except psycopg.Error as e:
     # A step that should have worked failed: one failure, and the run still ends with its count.
     check("the run reached its end", False, "%s: %s" % (e.sqlstate, str(e).strip()))
-print("%d passed, %d failed" % (passed, failed))
-sys.exit(1 if failed else 0)
+finish()
