@@ -24,6 +24,11 @@
 
 namespace idem::key_heap {
 
+// Locks and pins, for every function below: the table and the indexes it opens are locked
+// in RowExclusiveLock (the mode of an INSERT) and stay locked to the transaction's end, as
+// the executor's would; buffer pins are taken and dropped within the call; no row lock and
+// no lock-manager entry per key is left behind.
+
 using key_store::ClaimValues;
 using key_store::KeyRow;
 using key_store::Outcome;
@@ -32,7 +37,7 @@ using key_store::raise_committed_after_snapshot;
 // The row of (owner, scope, key) that this transaction sees: with the statement's snapshot,
 // or with a new one at READ COMMITTED when `latest` is set (a snapshot transaction always
 // reads with its own). Under SERIALIZABLE the probe takes the predicate locks a SELECT would.
-// Varlena values are copied into `context`.
+// Varlena values are copied into `context`. Snapshot: an MVCC one (see above); no write.
 std::optional<KeyRow> find(Oid table, text* owner, text* scope, text* key, MemoryContext context,
                            bool latest = false);
 
@@ -50,6 +55,7 @@ enum class Seen {
 // after the transaction's snapshot raises 40001, as INSERT .. ON CONFLICT does: no answer is
 // given from a version the transaction cannot see the end of. The dirty probe takes no
 // predicate lock: under SERIALIZABLE the caller reads again with find() for them.
+// Snapshot: SnapshotDirty, judged against the statement's (active) snapshot; no write.
 Seen look(Oid table, text* owner, text* scope, text* key, MemoryContext context,
           std::optional<KeyRow>* row);
 
@@ -62,13 +68,18 @@ enum class InsertResult { kInserted, kExists, kBusy, kNeedsExecutor };
 // kExists: a committed version (or this transaction's own, or one being deleted); decide
 // again from it. `where` receives the new row's address. `known_absent`: look() found
 // nothing just now, so the probe before the insertion is skipped (a version inserted since
-// by another transaction still loses or wins at the primary key).
+// by another transaction still loses or wins at the primary key). Snapshot: SnapshotDirty for
+// the probes; the speculative-insertion lock is held only between the heap insert and its
+// confirmation or super-delete. Under SERIALIZABLE heapam and nbtree check for conflicts
+// with other transactions' predicate locks (CheckForSerializableConflictIn) as for any insert.
 InsertResult insert(Oid table, text* scope, text* key, const ClaimValues& claim,
                     key_store::RowAddress* where, bool known_absent);
 
 // Completes the claim `token` of (scope, key) that this transaction inserted at `where`.
 // nullopt means "not done here": the table needs the executor, or the row at `where` is no
 // longer that claim's live row; the executor path then decides (and explains a refusal).
+// Snapshot: SnapshotSelf on the row at `where` (this transaction's newest version); a HOT
+// update when the page has room, new index entries otherwise.
 std::optional<KeyRow> complete(Oid table, const key_store::RowAddress& where, text* scope,
                                text* key, const pg_uuid_t& token, text* owner,
                                const Outcome& outcome, TimestampTz now, TimestampTz expires_at,

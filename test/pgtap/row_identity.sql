@@ -69,25 +69,22 @@ CREATE FUNCTION pg_temp.two_phase_complete(prefix text) RETURNS void LANGUAGE sq
     FROM idempotency.idempotency_keys k WHERE k.key = prefix || '-twophase';
 $$;
 
--- Direct path.
-SELECT pg_temp.calls('d');
-SELECT pg_temp.expired_first('d');
-SELECT pg_temp.two_phase_claim('d');
--- Executor path (the writes through SPI).
-SET idempotency.executor_path = on;
-SELECT pg_temp.calls('e');
-SELECT pg_temp.expired_first('e');
-SELECT pg_temp.two_phase_claim('e');
-RESET idempotency.executor_path;
+-- Runs pg_temp.STEP(prefix) on the path of the prefix: 'd' direct, 'e' the executor.
+CREATE FUNCTION pg_temp.on_path(prefix text, step text) RETURNS void LANGUAGE plpgsql AS $$
+BEGIN
+  PERFORM set_config('idempotency.executor_path', CASE prefix WHEN 'e' THEN 'on' ELSE 'off' END, true);
+  EXECUTE format('SELECT pg_temp.%I($1)', step) USING prefix;
+  PERFORM set_config('idempotency.executor_path', 'off', true);
+END$$;
+
+-- Each step on both paths, a transaction per step.
+SELECT pg_temp.on_path(p, 'calls') FROM (VALUES ('d'), ('e')) v(p);
+SELECT pg_temp.on_path(p, 'expired_first') FROM (VALUES ('d'), ('e')) v(p);
+SELECT pg_temp.on_path(p, 'two_phase_claim') FROM (VALUES ('d'), ('e')) v(p);
 SELECT pg_sleep(0.05);
-SELECT pg_temp.restart('d');
-SELECT pg_temp.reclaim_released('d');
-SELECT pg_temp.two_phase_complete('d');
-SET idempotency.executor_path = on;
-SELECT pg_temp.restart('e');
-SELECT pg_temp.reclaim_released('e');
-SELECT pg_temp.two_phase_complete('e');
-RESET idempotency.executor_path;
+SELECT pg_temp.on_path(p, 'restart') FROM (VALUES ('d'), ('e')) v(p);
+SELECT pg_temp.on_path(p, 'reclaim_released') FROM (VALUES ('d'), ('e')) v(p);
+SELECT pg_temp.on_path(p, 'two_phase_complete') FROM (VALUES ('d'), ('e')) v(p);
 
 -- A row as the protocol fixes it, without the prefix of its key.
 CREATE TEMP VIEW stored AS

@@ -6,13 +6,15 @@
 #     never closed are both found
 #   - every SQL block of README.md, CONTRIBUTING.md, examples/README.md and docs/*.md runs, in
 #     page order, as the role and in the database its first line names (app by default), on a
-#     server configured with the README's ini blocks (pg_cron and idempotency preloaded), whose
-#     search_path does not name the extension's schema; a block followed by a ```text block
-#     must print exactly that. The pg_cron job runs for real (cron.job_run_details)
+#     server configured with the ini blocks of README.md and docs/operations.md (pg_cron and
+#     idempotency preloaded), whose search_path does not name the extension's schema; a block
+#     followed by a ```text block must print exactly that. The pg_cron job of
+#     docs/operations.md runs for real (cron.job_run_details)
 #   - the README's table of the statistics view lists the view's columns in the view's order
-#   - the README's prometheus-postgres-exporter settings, with examples/monitoring/queries.yaml,
-#     serve the statistics as metrics: the exporter, connected as a pg_monitor member that is
-#     not a superuser, is scraped over HTTP on 127.0.0.1 and answers the view's numbers
+#   - the prometheus-postgres-exporter settings of docs/operations.md, with
+#     examples/monitoring/queries.yaml, serve the statistics as metrics: the exporter, connected
+#     as a pg_monitor member that is not a superuser, is scraped over HTTP on 127.0.0.1 and
+#     answers the view's numbers; every metric of the README's scrape is served
 #   - self-test: the README with one character of its first output block changed must fail
 # Ends with "N passed, N failed".
 set -uo pipefail
@@ -48,8 +50,11 @@ for page in text-after unclosed; do
   fi
 done
 
-# --- the server, as the README configures it -----------------------------------------------
-mapfile -t CONF < <("${TOOL[@]}" config README.md)
+# --- the server, as the README and docs/operations.md configure it --------------------------
+# The pages that configure the server: README.md preloads idempotency, docs/operations.md adds
+# pg_cron (its settings win where both name one).
+CONF_PAGES=(README.md docs/operations.md)
+mapfile -t CONF < <("${TOOL[@]}" config "${CONF_PAGES[@]}")
 if [[ ! -e $("$IDEM_PG_CONFIG" --pkglibdir)/pg_cron.so ]]; then
   # Only for a server built from source (Debian's gets postgresql-NN-cron above).
   echo "# pg_cron is not installed for $("$IDEM_PG_CONFIG" --version): its blocks are skipped"
@@ -57,11 +62,14 @@ if [[ ! -e $("$IDEM_PG_CONFIG" --pkglibdir)/pg_cron.so ]]; then
     sed -E "s/^(shared_preload_libraries = ')pg_cron,/\1/")
   export DOCS_SKIP='\bcron\.' DOCS_SKIP_WHY="pg_cron is not installed for this server"
 fi
-printf '# postgresql.conf from the README: %s\n' "${CONF[@]}"
+echo "# postgresql.conf from ${CONF_PAGES[*]}:"
+printf '#   %s\n' "${CONF[@]}"
 port="$(idem_free_port 5490 5499)" || idem_die "no free port in 5490-5499"
-# A server as users have it: its search_path does not name the extension's schema.
-cluster_start "$IDEM_SCRATCH/pg" "$port" "${CONF[@]}" "search_path = '\"\$user\", public'" ||
-  idem_die "could not start a server"
+# A server as users have it: its search_path does not name the extension's schema. The
+# cleanup worker's rounds are an hour apart, so that the statistics rows of the databases
+# dropped during the suite stay until the scrape below (a round forgets them).
+cluster_start "$IDEM_SCRATCH/pg" "$port" "${CONF[@]}" "search_path = '\"\$user\", public'" \
+  "idempotency.cleanup_interval = '1h'" || idem_die "could not start a server"
 q() { psql -X -qAt -v ON_ERROR_STOP=1 "$@"; }
 
 # The statistics view for monitoring roles is new in 1.2. Until the extension's script makes
@@ -98,18 +106,19 @@ else
   fail "the README's columns of the statistics view are not the view's"
 fi
 
-# --- Prometheus: the README's exporter settings, scraped over HTTP -------------------------
-echo "# README.md, Prometheus: prometheus-postgres-exporter with examples/monitoring/queries.yaml"
-settings="$("${TOOL[@]}" block README.md DATA_SOURCE_NAME=)"
+# --- Prometheus: the exporter settings of docs/operations.md, scraped over HTTP -------------
+EXPORTER_PAGE=docs/operations.md
+echo "# $EXPORTER_PAGE, Prometheus: prometheus-postgres-exporter with examples/monitoring/queries.yaml"
+settings="$("${TOOL[@]}" block "$EXPORTER_PAGE" DATA_SOURCE_NAME=)"
 dsn="$(sed -n "s/.*DATA_SOURCE_NAME='\([^']*\)'.*/\1/p" <<<"$settings")"
 args="$(sed -n "s/.*ARGS='\([^']*\)'.*/\1/p" <<<"$settings")"
 queries="$(sed -n 's/.*--extend.query-path=\([^ ]*\).*/\1/p' <<<"$args")"
 exporter_role="$(sed -n 's/.*user=\([^ ]*\).*/\1/p' <<<"$dsn")"
 if [[ -n $dsn && -n $queries ]] && grep -qF "examples/monitoring/queries.yaml $queries" <<<"$settings"; then
-  pass "the README installs examples/monitoring/queries.yaml where its ARGS read it ($queries)"
+  pass "$EXPORTER_PAGE installs examples/monitoring/queries.yaml where its ARGS read it ($queries)"
 else
   printf '    | %s\n' "$settings"
-  fail "the README's exporter settings: DATA_SOURCE_NAME, ARGS and the queries file they name"
+  fail "the exporter settings of $EXPORTER_PAGE: DATA_SOURCE_NAME, ARGS and the queries file they name"
 fi
 # This server instead of Debian's: its socket directory and port; the file from the tree.
 dsn="${dsn/host=\/run\/postgresql/host=$PGHOST port=$PGPORT}"
@@ -123,6 +132,20 @@ else
 fi
 # Something to count, a different number of each, so that a metric read from another column
 # shows: claimed 5, reclaimed 2, replayed 7, in_progress 4, mismatched 6, completed 1, released 3.
+# It counts from zero in a database app of its own: the pages' blocks counted in theirs.
+# Beside it, two databases that counted a claim and were dropped: their rows, without a name
+# until the worker's next round, are in the view while the exporter is scraped.
+fresh_app() { # DATABASE: made anew, owned by app, with the extension and app's grant
+  q -d postgres -c "DROP DATABASE IF EXISTS $1 WITH (FORCE)" -c "CREATE DATABASE $1 OWNER app"
+  q -d "$1" -c "CREATE EXTENSION idempotency" -c "GRANT USAGE ON SCHEMA idempotency TO app"
+  [[ -z ${DOCS_AFTER_INSTALL:-} ]] || q -d "$1" -f "$DOCS_AFTER_INSTALL"
+}
+for gone in docs_gone_1 docs_gone_2; do
+  fresh_app "$gone"
+  q -U app -d "$gone" -c "SELECT status FROM idempotency.claim_key('docs-gone'::text)" >/dev/null
+  q -d postgres -c "DROP DATABASE $gone"
+done
+fresh_app app
 workload="5 2 7 4 6 1 3"
 q -U app -d app >/dev/null <<'SQL'
 SELECT token AS t FROM idempotency.claim_key('docs-a'::text, '\x01'::bytea) \gset
@@ -153,6 +176,13 @@ got=""
 for metric in claimed reclaimed replayed in_progress mismatched completed released; do
   got+="$(sed -n "s/^idempotency_${metric}_total{datname=\"app\"[^}]*} \([0-9.e+]*\)$/\1/p" "$scrape") "
 done
+# The rows of the dropped databases were there during the scrape (only a round removes them).
+dropped="$(q -d app -c "SELECT count(*) FROM idempotency_monitor.idempotency_stats WHERE datname IS NULL")"
+if ((dropped >= 2)) && [[ -s $scrape ]]; then
+  pass "the exporter serves its scrape while the view holds $dropped rows of dropped databases"
+else
+  fail "the scrape with $dropped rows of dropped databases in the view: $(wc -c <"$scrape") bytes served"
+fi
 if [[ $stats == "$workload" && "${got% }" == "$stats" ]]; then
   pass "the scrape answers the view's counts for app (claimed .. released: $stats)"
 else
