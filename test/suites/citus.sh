@@ -23,7 +23,7 @@ if [[ ! -f "$("$IDEM_PG_CONFIG" --pkglibdir)/citus.so" ]]; then
 fi
 
 # citus_node PORT: a server in $IDEM_SCRATCH/${CITUS_DIR:-citus}-PORT with Citus created
-# ($CITUS_CONF: one more configuration line).
+# ($CITUS_CONF: more configuration lines, one a line).
 citus_node() {
   local dir="$IDEM_SCRATCH/${CITUS_DIR:-citus}-$1"
   cluster_start "$dir" "$1" \
