@@ -307,11 +307,11 @@ std::optional<KeyRow> Session::find(text* owner, text* scope, text* key, bool fr
 std::optional<KeyRow> Session::find_as_of_now(text* owner, text* scope, text* key) {
   Datum values[] = {PointerGetDatum(scope), PointerGetDatum(key), PointerGetDatum(owner)};
   connect();
-  pg_call([] {
-    const CommandId statement_command = GetActiveSnapshot()->curcid;
-    PushCopiedSnapshot(GetLatestSnapshot());
-    GetActiveSnapshot()->curcid = statement_command;
-  });
+  // The latest snapshot with the current command id: it sees this transaction's own writes of
+  // earlier commands as the look it is compared with does (an earlier element of the same
+  // batch, or an earlier call in the same statement, claimed the key), so that they are never
+  // taken for another transaction's commit.
+  pg_call([] { PushCopiedSnapshot(GetLatestSnapshot()); });
   // read_only: SPI runs the statement with the active snapshot, the one pushed here. An error
   // leaves it to transaction abort, which pops every snapshot.
   const uint64 found = run(kFind, values, nullptr, true, 1);

@@ -45,8 +45,8 @@ class Session {
   // calling statement's snapshot (cheaper; right for a first look), else with a new one
   // (needed to see commits while waiting).
   std::optional<KeyRow> find(text* owner, text* scope, text* key, bool fresh_snapshot = true);
-  // The row as of now (a new snapshot, the statement's command id), through SPI: tells a
-  // snapshot transaction on the executor path that a version it cannot see exists.
+  // The row as of now (a new snapshot, with this transaction's writes so far), through SPI:
+  // tells a snapshot transaction on the executor path that a version it cannot see exists.
   std::optional<KeyRow> find_as_of_now(text* owner, text* scope, text* key);
   // Locks the newest version of the row, skipping it if another transaction has it locked.
   std::optional<KeyRow> lock(text* owner, text* scope, text* key);

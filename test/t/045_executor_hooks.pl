@@ -86,5 +86,17 @@ like($waiter->{stderr}, qr/could not serialize access due to concurrent update/,
 cmp_ok(time - $completed_at, '<', 50, 'long before its 60 s wait ends');
 $waiter->quit;
 
+# A key repeated in one REPEATABLE READ batch: the later occurrence meets this transaction's
+# own claim (a version newer than the statement's snapshot, holding the batch's own token),
+# which is no serialization conflict: in_progress, as on the direct path.
+my ($rc, $batch, $batch_error) = $node->psql('postgres', q{
+  BEGIN ISOLATION LEVEL REPEATABLE READ;
+  SELECT string_agg(status::text, ',' ORDER BY ordinality)
+    FROM idempotency.claim_keys(ARRAY['rr-b1', 'rr-b2', 'rr-b1']);
+  ROLLBACK;}, extra_params => [ '-U', 'app' ]);
+is($batch . $batch_error, 'claimed,claimed,in_progress',
+  'REPEATABLE READ batch with a repeated key: the own claim is no conflict');
+
+
 $node->stop;
 done_testing();
