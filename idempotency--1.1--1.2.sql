@@ -11,21 +11,40 @@
 -- 1.0 and 1.1 stored the owner as a regrole, an OID: a row copied to another cluster or moved
 -- to another Citus node (where the same role has another OID) named another role, or none.
 -- From 1.2 the owner is the role's name, as pg_dump, COPY, logical replication and Citus carry
--- it. Keys of roles dropped before the update have no name to keep: they are deleted.
-DELETE FROM @extschema@.idempotency_keys k
- WHERE NOT EXISTS (SELECT FROM pg_catalog.pg_roles r
-                    WHERE r.oid OPERATOR(pg_catalog.=) k.owner::pg_catalog.oid);
-
+-- it. Keys of roles dropped before the update have no name to keep: the column change gives
+-- them one that no role can have (64 bytes, one more than a role name takes), and they are
+-- deleted.
 -- The primary key becomes (key, scope, owner): descents compare the key first (read at a fixed
 -- offset, as 1.1 did after its fixed-width owner), and the owner, now a name, comes last.
--- Three statements, each run by EXECUTE: Citus passes a DDL statement on to the shards as its
--- own text, and refuses ADD CONSTRAINT beside another subcommand. The column change rewrites
--- the table under its ACCESS EXCLUSIVE lock (seconds per million keys).
+-- Each statement is run by EXECUTE: Citus passes a DDL statement on to the shards as its own
+-- text (so each shard's OIDs are read on its own node), and refuses ADD CONSTRAINT beside
+-- another subcommand. The deletion compares names only, so Citus pushes it down to the shards
+-- whole (a subquery on pg_roles would run on the coordinator, with the coordinator's OIDs). A
+-- Citus worker runs this script too, for its shell table, inside the coordinator's command:
+-- there a query of the table would be a nested distributed one, and the coordinator's
+-- deletion covers the worker's shards. The column change rewrites the table under its ACCESS
+-- EXCLUSIVE lock (seconds per million keys).
 DO $$
+DECLARE
+  citus_worker pg_catalog.bool := false;
 BEGIN
+  IF pg_catalog.to_regclass('pg_catalog.pg_dist_local_group') IS NOT NULL THEN
+    EXECUTE 'SELECT groupid OPERATOR(pg_catalog.<>) 0 AND EXISTS (SELECT FROM pg_catalog.pg_dist_partition '
+            'WHERE logicalrelid OPERATOR(pg_catalog.=) ''@extschema@.idempotency_keys''::pg_catalog.regclass) '
+            'FROM pg_catalog.pg_dist_local_group'
+       INTO citus_worker;
+  END IF;
   EXECUTE 'ALTER TABLE @extschema@.idempotency_keys DROP CONSTRAINT idempotency_keys_pkey';
   EXECUTE 'ALTER TABLE @extschema@.idempotency_keys ALTER COLUMN owner TYPE pg_catalog.text '
-          'COLLATE pg_catalog."C" USING pg_catalog.pg_get_userbyid(owner::pg_catalog.oid)::pg_catalog.text';
+          'COLLATE pg_catalog."C" USING CASE WHEN pg_catalog.to_regrole(pg_catalog.quote_ident('
+          'pg_catalog.pg_get_userbyid(owner::pg_catalog.oid)))::pg_catalog.oid '
+          'OPERATOR(pg_catalog.=) owner::pg_catalog.oid '
+          'THEN pg_catalog.pg_get_userbyid(owner::pg_catalog.oid)::pg_catalog.text '
+          'ELSE pg_catalog.repeat(''?'', 64) END';
+  IF NOT citus_worker THEN
+    EXECUTE 'DELETE FROM @extschema@.idempotency_keys '
+            'WHERE owner OPERATOR(pg_catalog.=) pg_catalog.repeat(''?'', 64)';
+  END IF;
   EXECUTE 'ALTER TABLE @extschema@.idempotency_keys '
           'ADD CONSTRAINT idempotency_keys_pkey PRIMARY KEY (key, scope, owner)';
 END
@@ -176,11 +195,13 @@ COMMENT ON EVENT TRIGGER idempotency_guard_schema IS
 -- (any content type, not necessarily UTF-8) and its headers; the status is response_code. Last
 -- in the row, with the other columns a completion writes, so that its WAL record stays small.
 -- One statement each, run by EXECUTE: Citus passes a DDL statement on to the shards as its own
--- text. Adding a column without a default rewrites nothing.
+-- text, and to the shell table of each worker, which then runs this script for its own
+-- objects and finds the columns there (IF NOT EXISTS). Adding a column without a default
+-- rewrites nothing.
 DO $$
 BEGIN
-  EXECUTE 'ALTER TABLE @extschema@.idempotency_keys ADD COLUMN response_body pg_catalog.bytea';
-  EXECUTE 'ALTER TABLE @extschema@.idempotency_keys ADD COLUMN response_headers pg_catalog.jsonb';
+  EXECUTE 'ALTER TABLE @extschema@.idempotency_keys ADD COLUMN IF NOT EXISTS response_body pg_catalog.bytea';
+  EXECUTE 'ALTER TABLE @extschema@.idempotency_keys ADD COLUMN IF NOT EXISTS response_headers pg_catalog.jsonb';
 END
 $$;
 COMMENT ON COLUMN @extschema@.idempotency_keys.response_body IS

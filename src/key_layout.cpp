@@ -179,10 +179,7 @@ void load_layout(Relation table) {
                   {},
                   "A table made by an older version needs: ALTER EXTENSION idempotency UPDATE.");
     case LayoutProblem::kOldVersion:
-      throw Error(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE,
-                  "idempotency_keys was made by idempotency 1.1 or older",
-                  "This library needs the 1.2 table, whose owner column holds the role's name.",
-                  "Run ALTER EXTENSION idempotency UPDATE in this database.");
+      reject_old_table();
     case LayoutProblem::kNone:
       break;
   }
@@ -190,6 +187,13 @@ void load_layout(Relation table) {
 }
 
 }  // namespace
+
+void reject_old_table() {
+  throw Error(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE,
+              "idempotency_keys was made by idempotency 1.1 or older",
+              "This library needs the 1.2 table, whose owner column holds the role's name.",
+              "Run ALTER EXTENSION idempotency UPDATE in this database.");
+}
 
 const Layout& of(Relation table) {
   if (layout.table != RelationGetRelid(table)) load_layout(table);

@@ -43,6 +43,11 @@ const Layout& current();
 // copied into `context`.
 key_store::KeyRow decode_values(const Datum* values, const bool* nulls, MemoryContext context);
 
+// 55000 for a table made by 1.0 or 1.1 (owner a regrole), which this library does not serve
+// before ALTER EXTENSION UPDATE. Both paths raise it: the direct path from the table's layout
+// (of()), the executor path before it prepares its statements (key_store.cpp).
+[[noreturn]] void reject_old_table();
+
 // Registers the callbacks that forget the cached layout; called from _PG_init.
 void on_load();
 

@@ -3,6 +3,7 @@
 #include "key_store.hpp"
 
 #include "key_heap.hpp"
+#include "key_layout.hpp"
 #include "route.hpp"
 #include "pg_boundary.hpp"
 
@@ -137,6 +138,10 @@ void prepare_plans(Oid table) {
     plan = nullptr;
   }
   cache.table = InvalidOid;
+  // A 1.0 / 1.1 table (Citus, or a hook that keeps the direct path off) gets the direct
+  // path's 55000, not a statement's error about a column it lacks.
+  if (pg_call([&] { return get_atttype(table, get_attnum(table, "owner")) == REGROLEOID; }))
+    key_layout::reject_old_table();
   const std::string name = qualified_name(table);
   for (int id = 0; id < kPlanCount; ++id) {
     PlanSpec spec = spec_of(static_cast<PlanId>(id), name);

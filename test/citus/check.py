@@ -6,6 +6,7 @@
 Runs as the application roles citus_app and citus_other (USAGE on schema idempotency only)
 and prints one "ok"/"not ok" line per assertion, then "N passed, N failed".
 """
+import os
 import sys
 import threading
 import time
@@ -13,20 +14,11 @@ import time
 import psycopg
 from psycopg import errors
 
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "pylib"))
+from tap_count import check, finish  # noqa: E402
+
 coordinator = sys.argv[1]
 workers = sys.argv[2:]
-passed = failed = 0
-
-
-def check(name, condition, detail=""):
-    global passed, failed
-    if condition:
-        passed += 1
-        print("ok - " + name)
-    else:
-        failed += 1
-        print("not ok - %s %s" % (name, detail))
-    sys.stdout.flush()
 
 
 def connect(role, dsn=coordinator):
@@ -303,5 +295,4 @@ check("the coordinator's shell table stays empty", shell == 0, shell)
 errors_seen = admin.execute("SELECT count(*) FROM idempotency.idempotency_stats WHERE last_error IS NOT NULL").fetchone()[0]
 check("no cleanup round failed on the coordinator", errors_seen == 0, errors_seen)
 
-print("%d passed, %d failed" % (passed, failed))
-sys.exit(1 if failed else 0)
+finish()

@@ -6,7 +6,7 @@ CREATE EXTENSION idempotency;
 SELECT create_distributed_table('idempotency.idempotency_keys', 'key');
 SELECT create_distributed_function('idempotency.claim_key(text,bytea,text,interval,interval,interval)',
                                    '$1', colocate_with := 'idempotency.idempotency_keys', force_delegation := true);
-SELECT create_distributed_function('idempotency.complete_key(text,uuid,jsonb,integer,text)',
+SELECT create_distributed_function('idempotency.complete_key(text,uuid,jsonb,integer,text,bytea,jsonb)',
                                    '$1', colocate_with := 'idempotency.idempotency_keys', force_delegation := true);
 SELECT create_distributed_function('idempotency.release_key(text,uuid,text)',
                                    '$1', colocate_with := 'idempotency.idempotency_keys', force_delegation := true);

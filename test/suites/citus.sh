@@ -5,8 +5,9 @@
 # keys, NULL keys), and the cleanup worker of each node deleting expired keys from its own
 # shards (test/citus/check.py), batches through the coordinator; then the chaos harness
 # against its own cluster (consumer kills, a worker and the coordinator crashed; a sabotaged
-# consumer must be caught); then ALTER EXTENSION UPDATE from 1.0 on a cluster of its own
-# (ports 5487-5489). Runs when Citus is installed for the server under test
+# consumer must be caught); then shard moves and the rebalancer with three roles' keys in every
+# state (test/citus/shard_move.py, ports 5484-5488); then ALTER EXTENSION UPDATE from 1.0 on a
+# cluster of its own (ports 5487-5489). Runs when Citus is installed for the server under test
 # (CONTRIBUTING.md says how to build it); otherwise it says so and counts nothing.
 # Ends with "N passed, N failed".
 set -uo pipefail
@@ -21,18 +22,24 @@ if [[ ! -f "$("$IDEM_PG_CONFIG" --pkglibdir)/citus.so" ]]; then
   exit 0
 fi
 
+# citus_node PORT: a server in $IDEM_SCRATCH/${CITUS_DIR:-citus}-PORT with Citus created
+# ($CITUS_CONF: more configuration lines, one a line).
+citus_node() {
+  local dir="$IDEM_SCRATCH/${CITUS_DIR:-citus}-$1"
+  cluster_start "$dir" "$1" \
+    "listen_addresses = '127.0.0.1'" \
+    "shared_preload_libraries = 'citus,idempotency'" \
+    "idempotency.cleanup_interval = '1s'" \
+    "max_prepared_transactions = 20" ${CITUS_CONF:+"$CITUS_CONF"} >/dev/null || return 1
+  pg_psql -h "$dir" -p "$1" -c 'CREATE EXTENSION citus' >/dev/null
+}
+
 # citus_cluster COORDINATOR_PORT WORKER_PORT WORKER_PORT: three servers, Citus created on each,
 # the workers added to the coordinator.
 citus_cluster() {
-  local port dir
+  local port
   for port in "$@"; do
-    dir="$IDEM_SCRATCH/citus-$port"
-    cluster_start "$dir" "$port" \
-      "listen_addresses = '127.0.0.1'" \
-      "shared_preload_libraries = 'citus,idempotency'" \
-      "idempotency.cleanup_interval = '1s'" \
-      "max_prepared_transactions = 20" >/dev/null || return 1
-    pg_psql -h "$dir" -p "$port" -c 'CREATE EXTENSION citus' >/dev/null || return 1
+    citus_node "$port" || return 1
   done
   pg_psql -h 127.0.0.1 -p "$1" -c "SELECT citus_set_coordinator_host('127.0.0.1', $1)" \
     -c "SELECT citus_add_node('127.0.0.1', $2)" -c "SELECT citus_add_node('127.0.0.1', $3)" >/dev/null
@@ -79,30 +86,90 @@ idem_count_run "$IDEM_SCRATCH/chaos-citus.log"
 chaos sabotage-citus --messages 80 --kill-rate 0.2 --crashes 0 --tampered 0 --sabotage debit-on-replay
 idem_count_caught "$IDEM_SCRATCH/sabotage-citus.log" "inbox: every account's debit" debit-on-replay
 
-# ALTER EXTENSION UPDATE from 1.0 on a cluster whose key table is distributed: 1.1 rebuilds
-# the primary key, which Citus must carry to every shard (its own cluster, ports 5487-5489).
+# Shard moves and the rebalancer with three roles' keys in every state (test/citus/shard_move.py):
+# a cluster of its own (ports 5484-5486, free once the chaos runs end) and two nodes it adds
+# (5487, 5488), with logical WAL for citus_move_shard_placement and no cleanup worker (expired
+# rows move with their shards, and no cleanup round is in their way when they are claimed);
+# stopped before the next cluster.
+move_ports=(5484 5485 5486 5487 5488)
+export CITUS_DIR=move CITUS_CONF=$'wal_level = logical\nidempotency.cleanup_worker = off'
+if citus_cluster "${move_ports[@]:0:3}" && citus_node "${move_ports[3]}" && citus_node "${move_ports[4]}" &&
+  pg_psql -h 127.0.0.1 -p "${move_ports[0]}" -f "$IDEM_SRC/test/citus/setup.sql" >/dev/null; then
+  echo "## shard_move.py: citus_move_shard_placement and citus_rebalance_start with three roles' keys"
+  /usr/bin/python3 "$IDEM_SRC/test/citus/shard_move.py" "${move_ports[@]}" 2>&1 |
+    tee "$IDEM_SCRATCH/shard_move.log" | grep -v -E '^[0-9]+ passed'
+  idem_count_run "$IDEM_SCRATCH/shard_move.log"
+  for port in "${move_ports[@]}"; do
+    if grep -q 'terminated by signal' "$IDEM_SCRATCH/move-$port/server.log"; then
+      echo "not ok - a node of the shard-move cluster crashed (move-$port/server.log)"
+      FAILED=$((FAILED + 1))
+    fi
+  done
+else
+  echo "not ok - the shard-move cluster did not start"
+  FAILED=$((FAILED + 1))
+fi
+for port in "${move_ports[@]}"; do cluster_stop "$IDEM_SCRATCH/move-$port"; done
+unset CITUS_DIR CITUS_CONF
+
+# ALTER EXTENSION UPDATE from 1.0 on a cluster whose key table is distributed: 1.1 and 1.2
+# rebuild the primary key, and 1.2 turns the owner's OID into the role's name, which Citus must
+# carry to every shard (its own cluster, ports 5487-5489). The 1.2 library refuses the 1.0 table
+# until then (55000, also through Citus' executor path), so the 1.0 keys are written by hand, as
+# 1.0 stored them: owner a regrole, which each shard holds as its own node's OID of the role.
 upgrade=(-h 127.0.0.1 -p 5487)
+refused="the cluster did not start"
 if citus_cluster 5487 5488 5489 &&
   pg_psql "${upgrade[@]}" -c "CREATE EXTENSION idempotency VERSION '1.0'" \
     -c "SELECT create_distributed_table('idempotency.idempotency_keys', 'key')" \
     -c "SELECT create_distributed_function('idempotency.claim_key(text,bytea,text,interval,interval,interval)', '\$1',
           colocate_with := 'idempotency.idempotency_keys', force_delegation := true)" \
-    -c "SELECT count((idempotency.claim_key('up-' || g)).status) FROM generate_series(1, 50) g" \
-    -c "ALTER EXTENSION idempotency UPDATE" >/dev/null; then
-  answer="$(pg_psql "${upgrade[@]}" -At -F ' ' \
-    -c "SELECT extversion FROM pg_extension WHERE extname = 'idempotency'" \
-    -c "SELECT count(*) FROM idempotency.idempotency_keys" \
-    -c "SELECT DISTINCT result FROM run_command_on_shards('idempotency.idempotency_keys',
-          \$\$SELECT pg_get_constraintdef(oid) FROM pg_constraint WHERE conrelid = '%s'::regclass AND contype = 'p'\$\$)" \
-    -c "SELECT string_agg(status || ':' || n, ',' ORDER BY status) FROM (SELECT status::text, count(*) AS n
-          FROM (SELECT (idempotency.claim_key('up-' || g)).status FROM generate_series(1, 60) g) c GROUP BY 1) s" |
-    tr '\n' '|')"
+    -c 'CREATE ROLE citus_gone' >/dev/null &&
+  pg_psql -h 127.0.0.1 -p 5489 -c 'SET client_min_messages = warning' -c 'SET citus.enable_create_role_propagation = off' \
+    -c 'CREATE ROLE citus_filler_1' -c 'CREATE ROLE citus_filler_2' >/dev/null &&
+  pg_psql "${upgrade[@]}" -c 'CREATE ROLE citus_upgrader LOGIN' \
+    -c 'GRANT USAGE ON SCHEMA idempotency TO citus_upgrader' >/dev/null; then
+  refused="$(pg_psql "${upgrade[@]}" -v VERBOSITY=verbose -U citus_upgrader \
+    -c "SELECT status FROM idempotency.claim_key('up-1')" 2>&1)"
+  # One multi-row VALUES: Citus sends each shard its rows as SQL text, so the regrole arrives by
+  # name (an INSERT .. SELECT may ship it in binary, as the coordinator's OID). citus_upgrader's
+  # OID differs between the nodes (roles made on one worker only first); citus_gone's 20 keys
+  # are of a role dropped before the update.
+  rows=()
+  for g in $(seq 1 70); do
+    rows+=("('$( ((g <= 50)) && echo citus_upgrader || echo citus_gone)', '', 'up-$g', 1, '1 day', '1 day', now(),
+            now() + interval '1 day', idempotency.gen_uuid_v7(), now() + interval '1 day', 'processing', now())")
+  done
+  if pg_psql "${upgrade[@]}" -c "INSERT INTO idempotency.idempotency_keys (owner, scope, key, attempts, ttl, lease,
+          created_at, expires_at, lease_token, locked_until, status, updated_at)
+        VALUES $(IFS=,; echo "${rows[*]}")" \
+    -c 'DROP ROLE citus_gone' -c "ALTER EXTENSION idempotency UPDATE" >/dev/null; then
+    answer="$(pg_psql "${upgrade[@]}" -At -F ' ' \
+      -c "SELECT extversion FROM pg_extension WHERE extname = 'idempotency'" \
+      -c "SELECT string_agg(DISTINCT owner || ':' || n, ',') FROM (SELECT owner, count(*) OVER () AS n
+            FROM idempotency.idempotency_keys) k" \
+      -c "SELECT DISTINCT result FROM run_command_on_shards('idempotency.idempotency_keys',
+            \$\$SELECT pg_get_constraintdef(oid) FROM pg_constraint WHERE conrelid = '%s'::regclass AND contype = 'p'\$\$)" |
+      tr '\n' '|')"
+    answer+="$(pg_psql "${upgrade[@]}" -At -U citus_upgrader \
+      -c "SELECT string_agg(status || ':' || n, ',' ORDER BY status) FROM (SELECT status::text, count(*) AS n
+            FROM (SELECT (idempotency.claim_key('up-' || g)).status FROM generate_series(1, 60) g) c GROUP BY 1) s")"
+  else
+    answer="the update failed"
+  fi
 else
-  answer="the update failed"
+  answer="the cluster did not start"
 fi
-expected='1.1|50|PRIMARY KEY (owner, key, scope)|claimed:10,in_progress:50|'
+if [[ $refused == *"ERROR:  55000: idempotency_keys was made by idempotency 1.1 or older"* ]]; then
+  echo "ok - before the update, the 1.2 library refuses the 1.0 table through Citus (55000)"
+  PASSED=$((PASSED + 1))
+else
+  echo "not ok - before the update, the 1.2 library refuses the 1.0 table through Citus (55000): got '$refused'"
+  FAILED=$((FAILED + 1))
+fi
+expected='1.2|citus_upgrader:50|PRIMARY KEY (key, scope, owner)|claimed:10,in_progress:50'
 if [[ $answer == "$expected" ]]; then
-  echo "ok - ALTER EXTENSION UPDATE from 1.0 on Citus: 1.1, 50 keys kept, every shard's primary key rebuilt, claims answer"
+  echo "ok - ALTER EXTENSION UPDATE from 1.0 on Citus: 1.2, 50 keys kept with their owner's name (an OID of its node), a dropped role's 20 gone, every shard's primary key rebuilt, claims answer"
   PASSED=$((PASSED + 1))
 else
   echo "not ok - ALTER EXTENSION UPDATE from 1.0 on Citus (expected '$expected', got '$answer')"
