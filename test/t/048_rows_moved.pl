@@ -36,7 +36,7 @@ isnt($alice_oid, $target->safe_psql('postgres', q{SELECT oid FROM pg_roles WHERE
 # The subscriber follows the source's key table from the start (initial copy, then changes).
 $source->safe_psql('postgres',
   q{CREATE PUBLICATION keys FOR TABLE idempotency.idempotency_keys});
-my $source_dsn = $source->connstr('postgres');
+my $source_dsn = $source->connstr . ' dbname=postgres';
 $subscriber->safe_psql('postgres',
   qq{CREATE SUBSCRIPTION keys CONNECTION '$source_dsn' PUBLICATION keys});
 
