@@ -51,6 +51,7 @@ pg_uuid_t token_argument(FunctionCallInfo fcinfo, int n);
 // An interval as one span of microseconds (a month counted as 30 days, a day as 24 hours);
 // `name` names the argument in the out-of-range error.
 Interval as_span(const Interval& interval, const char* name);
+// `time` + `interval` (timestamptz_pl_interval; a span is added without the calendar).
 TimestampTz add_interval(TimestampTz time, const Interval& interval);
 // The optional ttl / lease argument `n`: positive and at most idempotency.max_ttl /
 // max_lease; NULL takes idempotency.default_ttl / default_lease (held to the same maximum).

@@ -218,8 +218,10 @@ KeyRow explain_fence(Session& store, const KeyName& name, const pg_uuid_t& token
 ClaimResult claim(Session& store, const ClaimRequest& request) {
   const KeyName& name = request.name;
   int retries_without_sleep = 0;
-  key_wait::Waiter waiter(name.wait_slot(request.caller.role),
-                          request.deadline > GetCurrentTimestamp());
+  // The key's slot is hashed only for a claim that may wait: a replay or a batch element
+  // never sleeps, and pays no hash.
+  const bool may_wait = request.deadline > GetCurrentTimestamp();
+  key_wait::Waiter waiter(may_wait ? name.wait_slot(request.caller.role) : 0, may_wait);
   for (bool first_look = true;; first_look = false) {
     waiter.prepare();  // before looking: a holder that ends after the look wakes us
     const TimestampTz now = GetCurrentTimestamp();

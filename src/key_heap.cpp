@@ -38,43 +38,108 @@ bool serialization_conflict(Relation table, TupleTableSlot* slot) {
          !table_tuple_satisfies_snapshot(table, slot, GetActiveSnapshot());
 }
 
+Relation OpenTable::table() {
+  if (table_ == nullptr) pg_call([&] { table_ = table_open(oid_, RowExclusiveLock); });
+  (void)key_layout::of(table_);  // a reload (after an invalidation) is checked again
+  return table_;
+}
+
+int OpenTable::primary_key_position() {
+  const key_layout::Layout& layout = key_layout::of(table());
+  for (int i = 0; i < layout.index_count; ++i)
+    if (layout.index_oids[i] == layout.primary_key) return i;
+  return -1;
+}
+
+Relation OpenTable::primary_key() {
+  const Oid wanted = key_layout::of(table()).primary_key;
+  if (primary_key_ != nullptr && RelationGetRelid(primary_key_) == wanted) return primary_key_;
+  if (primary_key_alone_) pg_call([&] { index_close(primary_key_, NoLock); });
+  primary_key_ = nullptr;
+  primary_key_alone_ = false;
+  const int position = primary_key_position();
+  if (position >= 0 && position < index_count_ && RelationGetRelid(indexes_[position]) == wanted) {
+    primary_key_ = indexes_[position];
+  } else {
+    pg_call([&] { primary_key_ = index_open(wanted, RowExclusiveLock); });
+    primary_key_alone_ = true;
+  }
+  return primary_key_;
+}
+
+void OpenTable::open_indexes() {
+  const key_layout::Layout& layout = key_layout::of(table());
+  // The indexes opened so far must still be the layout's, in its order (a layout reloaded
+  // after an invalidation may list others): else start again.
+  bool same = index_count_ <= layout.index_count;
+  for (int i = 0; same && i < index_count_; ++i)
+    same = RelationGetRelid(indexes_[i]) == layout.index_oids[i];
+  pg_call([&] {
+    if (!same) {
+      for (int i = 0; i < index_count_; ++i) index_close(indexes_[i], NoLock);
+      index_count_ = 0;
+    }
+    for (; index_count_ < layout.index_count; ++index_count_)
+      indexes_[index_count_] = index_open(layout.index_oids[index_count_], RowExclusiveLock);
+  });
+  if (!same && !primary_key_alone_) primary_key_ = nullptr;
+}
+
+bool OpenTable::owner_may(AclMode privileges) {
+  if ((granted_ & privileges) == privileges) return true;
+  if ((refused_ & privileges) != 0) return false;
+  // Table work always runs as the extension owner (caller::ActingAsOwner), so GetUserId() is
+  // that owner here: the check matters only if a superuser revoked the owner's own rights.
+  const AclMode held =
+      pg_call([&] { return pg_class_aclmask(oid_, GetUserId(), privileges, ACLMASK_ALL); });
+  granted_ |= held;
+  refused_ |= privileges & ~held;
+  return held == privileges;
+}
+
+void OpenTable::close() {
+  pg_call([&] {
+    for (int i = 0; i < index_count_; ++i) index_close(indexes_[i], NoLock);
+    if (primary_key_alone_) index_close(primary_key_, NoLock);
+    if (table_ != nullptr) table_close(table_, NoLock);
+  });
+  table_ = nullptr;
+  primary_key_ = nullptr;
+  primary_key_alone_ = false;
+  index_count_ = 0;
+}
+
 namespace {
 
 // Probes the primary key for (owner, scope, key) with `snapshot`. `take` gets the table and
 // the slot holding the version found (nullptr when there is none) and says whether that
 // version is the row to decode into `*row`.
 template <typename Take>
-void read_key(Oid table, text* owner, text* scope, text* key, Snapshot snapshot,
+void read_key(OpenTable& open, text* owner, text* scope, text* key, Snapshot snapshot,
               MemoryContext context, std::optional<KeyRow>* row, Take&& take) {
   // No privilege check, unlike the writes: every caller acts as the extension owner, who owns
   // the table (caller.hpp); the caller's own rights are never what reads it.
-  // The lock an INSERT takes (claim_key may write next): the write then finds its locks
-  // already held, instead of taking a second mode of each.
-  Relation relation = pg_call([&] { return table_open(table, RowExclusiveLock); });
-  const key_layout::Layout& layout = key_layout::of(relation);
+  // The table and the primary key are locked as an INSERT locks them (claim_key may write
+  // next): the write then finds its locks already held, instead of taking a second mode.
+  Relation relation = open.table();
+  Relation primary_key = open.primary_key();
   // On an error, transaction abort releases what is open here (relations, pins, slot).
   TupleTableSlot* slot = nullptr;
   bool taken = pg_call([&] {
-    Relation primary_key = index_open(layout.primary_key, RowExclusiveLock);
     slot = table_slot_create(relation, nullptr);
     bool hit = probe(relation, primary_key, snapshot, owner, scope, key, slot);
-    index_close(primary_key, NoLock);
-    return take(relation, hit ? slot : nullptr);
+    const bool row_taken = take(relation, hit ? slot : nullptr);
+    if (row_taken) slot_getallattrs(slot);
+    return row_taken;
   });
-  if (taken) {
-    pg_call([&] { slot_getallattrs(slot); });
-    *row = key_layout::decode_values(slot->tts_values, slot->tts_isnull, context);
-  }
-  pg_call([&] {
-    ExecDropSingleTupleTableSlot(slot);
-    table_close(relation, NoLock);
-  });
+  if (taken) *row = key_layout::decode_values(slot->tts_values, slot->tts_isnull, context);
+  pg_call([&] { ExecDropSingleTupleTableSlot(slot); });
 }
 
 }  // namespace
 
-std::optional<KeyRow> find(Oid table, text* owner, text* scope, text* key, MemoryContext context,
-                           bool latest) {
+std::optional<KeyRow> find(OpenTable& table, text* owner, text* scope, text* key,
+                           MemoryContext context, bool latest) {
   std::optional<KeyRow> row;
   // An MVCC probe: under SERIALIZABLE, B-Tree and heap take the predicate locks on what it saw
   // (the leaf page, the tuple), as a SELECT's index scan does.
@@ -85,7 +150,7 @@ std::optional<KeyRow> find(Oid table, text* owner, text* scope, text* key, Memor
   return row;
 }
 
-Seen look(Oid table, text* owner, text* scope, text* key, MemoryContext context,
+Seen look(OpenTable& table, text* owner, text* scope, text* key, MemoryContext context,
           std::optional<KeyRow>* row) {
   SnapshotData dirty;
   InitDirtySnapshot(dirty);

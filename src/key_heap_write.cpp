@@ -9,56 +9,19 @@ namespace idem::key_heap {
 namespace {
 
 using key_layout::kMaxAttributes;
-using key_layout::kMaxIndexes;
 using namespace key_store;  // NOLINT(google-build-using-namespace): the column names
-
-// The table and its indexes, open for one write.
-struct Writer {
-  Relation table = nullptr;
-  int index_count = 0;
-  Relation indexes[kMaxIndexes] = {};
-};
-
-// pg-frame: runs inside pg_call only (owns no C++ object).
-void close_writer(Writer& writer) {
-  for (int i = 0; i < writer.index_count; ++i) index_close(writer.indexes[i], NoLock);
-  if (writer.table != nullptr) table_close(writer.table, NoLock);
-  writer = Writer{};
-}
 
 // Opens the table for `command`; false when the executor must do the write (the table
 // needs its machinery, or a privilege is missing: the executor then reports it). The
 // indexes are opened by open_indexes, when the write needs them.
-bool open_writer(Writer& writer, Oid table, AclMode privileges, const char* command) {
+bool open_writer(OpenTable& open, AclMode privileges, const char* command) {
   pg_call([&] {
     PreventCommandIfReadOnly(command);
     PreventCommandIfParallelMode(command);
-    writer.table = table_open(table, RowExclusiveLock);
   });
-  (void)key_layout::of(writer.table);
-  // Table work always runs as the extension owner (caller::ActingAsOwner), so GetUserId()
-  // is that owner here: the check matters only if a superuser revoked the owner's own rights,
-  // and then the executor reports the refusal.
-  bool direct = pg_call([&] {
-    return route::write_reason(writer.table) == route::ExecutorReason::kNone &&
-           pg_class_aclmask(table, GetUserId(), privileges, ACLMASK_ALL) == privileges;
-  });
-  if (!direct) pg_call([&] { close_writer(writer); });
-  return direct;
-}
-
-// pg-frame: runs inside pg_call only (owns no C++ object).
-void open_indexes(Writer& writer) {
-  for (int i = writer.index_count; i < key_layout::current().index_count; ++i)
-    writer.indexes[writer.index_count++] =
-        index_open(key_layout::current().index_oids[i], RowExclusiveLock);
-}
-
-Relation primary_key_of(const Writer& writer) {
-  for (int i = 0; i < writer.index_count; ++i)
-    if (RelationGetRelid(writer.indexes[i]) == key_layout::current().primary_key)
-      return writer.indexes[i];
-  return nullptr;
+  Relation table = open.table();
+  return pg_call([&] { return route::write_reason(table) == route::ExecutorReason::kNone; }) &&
+         open.owner_may(privileges);
 }
 
 // Adds the index entries of the heap tuple at `tid` (whose columns are values / nulls),
@@ -71,12 +34,13 @@ Relation primary_key_of(const Writer& writer) {
 // false means another live version of the key may exist, and nothing waited for it.
 enum class Indexes { kAll, kPrimaryKey, kOthers };
 // pg-frame: runs inside pg_call only (owns no C++ object).
-bool insert_index_entries(Writer& writer, Datum* values, bool* nulls, ItemPointer tid,
-                          std::optional<uint64> changed, Indexes indexes = Indexes::kAll,
+bool insert_index_entries(Relation table, const OpenTable& open, Datum* values, bool* nulls,
+                          ItemPointer tid, std::optional<uint64> changed,
+                          Indexes indexes = Indexes::kAll,
                           IndexUniqueCheck primary_key_check = UNIQUE_CHECK_YES) {
   bool unique = true;
-  for (int i = 0; i < writer.index_count; ++i) {
-    Relation index = writer.indexes[i];
+  for (int i = 0; i < open.index_count(); ++i) {
+    Relation index = open.index(i);
     const bool is_primary_key = RelationGetRelid(index) == key_layout::current().primary_key;
     if ((indexes == Indexes::kPrimaryKey && !is_primary_key) ||
         (indexes == Indexes::kOthers && is_primary_key))
@@ -96,8 +60,7 @@ bool insert_index_entries(Writer& writer, Datum* values, bool* nulls, ItemPointe
     IndexUniqueCheck check = !index->rd_index->indisunique ? UNIQUE_CHECK_NO
                              : is_primary_key              ? primary_key_check
                                                            : UNIQUE_CHECK_YES;
-    bool result =
-        index_insert(index, key_values, key_nulls, tid, writer.table, check, unchanged, info);
+    bool result = index_insert(index, key_values, key_nulls, tid, table, check, unchanged, info);
     if (is_primary_key && check == UNIQUE_CHECK_PARTIAL) unique = result;
   }
   return unique;
@@ -139,15 +102,15 @@ enum class Found { kNothing, kRow, kOpenClaim };
 // other live version (committed, this transaction's own, or one that an open transaction
 // is deleting or updating) is a row for the caller to decide from again (kRow).
 // pg-frame: runs inside pg_call only (owns no C++ object).
-Found probe_dirty(Writer& writer, text* owner, text* scope, text* key) {
-  TupleTableSlot* slot = table_slot_create(writer.table, nullptr);
+Found probe_dirty(Relation table, Relation primary_key, text* owner, text* scope, text* key) {
+  TupleTableSlot* slot = table_slot_create(table, nullptr);
   SnapshotData dirty;
   InitDirtySnapshot(dirty);
-  bool exists = probe(writer.table, primary_key_of(writer), &dirty, owner, scope, key, slot);
+  bool exists = probe(table, primary_key, &dirty, owner, scope, key, slot);
   // The inserter of the version found, when its transaction is still open (never ours:
   // the dirty snapshot leaves xmin unset for this transaction's own versions).
   const bool open_insert = exists && TransactionIdIsValid(dirty.xmin);
-  bool conflict = exists && !open_insert && serialization_conflict(writer.table, slot);
+  bool conflict = exists && !open_insert && serialization_conflict(table, slot);
   ExecDropSingleTupleTableSlot(slot);
   if (conflict) raise_committed_after_snapshot(key);
   if (open_insert) return Found::kOpenClaim;
@@ -226,10 +189,12 @@ uint64 completion_values(const Outcome& outcome, TimestampTz now, TimestampTz ex
 
 }  // namespace
 
-InsertResult insert(Oid table, text* scope, text* key, const ClaimValues& claim,
+InsertResult insert(OpenTable& open, text* scope, text* key, const ClaimValues& claim,
                     key_store::RowAddress* where, bool known_absent) {
-  Writer writer;
-  if (!open_writer(writer, table, ACL_INSERT, "INSERT")) return InsertResult::kNeedsExecutor;
+  if (!open_writer(open, ACL_INSERT, "INSERT")) return InsertResult::kNeedsExecutor;
+  open.open_indexes();
+  Relation table = open.table();
+  Relation primary_key = open.primary_key();
   // No per-key lock: the primary key is the arbiter (docs/design-batch.md, "Claims without
   // per-key locks"). A version of the key that a dirty snapshot sees answers at once; else
   // the row is inserted speculatively, as INSERT .. ON CONFLICT does, and the primary key's
@@ -237,9 +202,9 @@ InsertResult insert(Oid table, text* scope, text* key, const ClaimValues& claim,
   // one key the first to add its entry wins: every later one finds that entry live, takes
   // its own tuple back (a super-delete, which makes it dead to everyone at once) and
   // answers from the winner's version.
-  InsertResult result = pg_call([&] {
-    open_indexes(writer);
-    switch (known_absent ? Found::kNothing : probe_dirty(writer, claim.owner, scope, key)) {
+  return pg_call([&] {
+    switch (known_absent ? Found::kNothing
+                         : probe_dirty(table, primary_key, claim.owner, scope, key)) {
       case Found::kOpenClaim:
         return InsertResult::kBusy;
       case Found::kRow:
@@ -251,7 +216,7 @@ InsertResult insert(Oid table, text* scope, text* key, const ClaimValues& claim,
     Datum values[kMaxAttributes];
     bool nulls[kMaxAttributes];
     new_claim_values(claim, scope, key, values, nulls);
-    HeapTuple tuple = heap_form_tuple(RelationGetDescr(writer.table), values, nulls);
+    HeapTuple tuple = heap_form_tuple(RelationGetDescr(table), values, nulls);
     // The speculative-insertion lock is held only between the insert and its confirmation
     // or super-delete (one lock-manager entry at a time, never one per claim kept): whoever
     // meets the tuple meanwhile waits on it (SpeculativeInsertionWait), not on this
@@ -259,86 +224,86 @@ InsertResult insert(Oid table, text* scope, text* key, const ClaimValues& claim,
     const TransactionId xid = GetCurrentTransactionId();
     const uint32 token = SpeculativeInsertionLockAcquire(xid);
     HeapTupleHeaderSetSpeculativeToken(tuple->t_data, token);
-    heap_insert(writer.table, tuple, GetCurrentCommandId(true), HEAP_INSERT_SPECULATIVE, nullptr);
-    if (!insert_index_entries(writer, values, nulls, &tuple->t_self, std::nullopt,
+    heap_insert(table, tuple, GetCurrentCommandId(true), HEAP_INSERT_SPECULATIVE, nullptr);
+    if (!insert_index_entries(table, open, values, nulls, &tuple->t_self, std::nullopt,
                               Indexes::kPrimaryKey, UNIQUE_CHECK_PARTIAL)) {
       // Another version of the key got its entry in first: take ours back and answer from
       // theirs (an open claim: in_progress; else the caller decides again).
-      heap_abort_speculative(writer.table, &tuple->t_self);
+      heap_abort_speculative(table, &tuple->t_self);
       SpeculativeInsertionLockRelease(xid);
       heap_freetuple(tuple);
-      return probe_dirty(writer, claim.owner, scope, key) == Found::kOpenClaim
+      return probe_dirty(table, primary_key, claim.owner, scope, key) == Found::kOpenClaim
                  ? InsertResult::kBusy
                  : InsertResult::kExists;
     }
-    insert_index_entries(writer, values, nulls, &tuple->t_self, std::nullopt, Indexes::kOthers);
-    heap_finish_speculative(writer.table, &tuple->t_self);
+    insert_index_entries(table, open, values, nulls, &tuple->t_self, std::nullopt,
+                         Indexes::kOthers);
+    heap_finish_speculative(table, &tuple->t_self);
     SpeculativeInsertionLockRelease(xid);
-    *where = {tuple->t_self, file_of(writer.table)};
+    *where = {tuple->t_self, file_of(table)};
     heap_freetuple(tuple);
     // Later statements of this call (a completion in the same SQL statement) see the row.
     CommandCounterIncrement();
     return InsertResult::kInserted;
   });
-  pg_call([&] { close_writer(writer); });
-  return result;
 }
 
-std::optional<KeyRow> complete(Oid table, const key_store::RowAddress& where, text* scope,
+std::optional<KeyRow> complete(OpenTable& open, const key_store::RowAddress& where, text* scope,
                                text* key, const pg_uuid_t& token, text* owner,
                                const Outcome& outcome, TimestampTz now, TimestampTz expires_at,
                                MemoryContext context) {
-  Writer writer;
-  if (!open_writer(writer, table, ACL_UPDATE | ACL_SELECT, "UPDATE")) return std::nullopt;
+  if (!open_writer(open, ACL_UPDATE | ACL_SELECT, "UPDATE")) return std::nullopt;
+  Relation table = open.table();
   // The new row's columns; varlenas point into the new tuple (palloc'd, so they stay).
   Datum values[kMaxAttributes];
   bool nulls[kMaxAttributes];
-  bool updated = pg_call([&] {
-    CheckCmdReplicaIdentity(writer.table, CMD_UPDATE);
-    TupleDesc desc = RelationGetDescr(writer.table);
-    if (where.file != file_of(writer.table)) return false;  // truncated or rewritten since
+  HeapTuple tuple = nullptr;
+  uint64 changed = 0;
+  bool new_entries = false;
+  const bool updated = pg_call([&] {
+    CheckCmdReplicaIdentity(table, CMD_UPDATE);
+    TupleDesc desc = RelationGetDescr(table);
+    if (where.file != file_of(table)) return false;  // truncated or rewritten since
     // A TRUNCATE of a file created in this same transaction (by an earlier TRUNCATE, a
     // CLUSTER or CREATE EXTENSION) empties that file in place: the TID may point past its end.
-    if (file_is_new(writer.table) &&
-        ItemPointerGetBlockNumber(&where.tid) >= RelationGetNumberOfBlocks(writer.table))
+    if (file_is_new(table) &&
+        ItemPointerGetBlockNumber(&where.tid) >= RelationGetNumberOfBlocks(table))
       return false;
     HeapTupleData old;
     old.t_self = where.tid;
     Buffer buffer = InvalidBuffer;
     // SnapshotSelf: the version this transaction sees now; an updated or deleted one is not.
-    if (!heap_fetch(writer.table, SnapshotSelf, &old, &buffer, false)) return false;
+    if (!heap_fetch(table, SnapshotSelf, &old, &buffer, false)) return false;
     heap_deform_tuple(&old, desc, values, nulls);
     if (!holds(values, nulls, token, owner, scope, key, now)) {
       ReleaseBuffer(buffer);
       return false;
     }
-    const uint64 changed = completion_values(outcome, now, expires_at, values, nulls);
+    changed = completion_values(outcome, now, expires_at, values, nulls);
     // The pin kept the old tuple's bytes in place until they are copied here.
-    HeapTuple tuple = heap_form_tuple(desc, values, nulls);
+    tuple = heap_form_tuple(desc, values, nulls);
     ReleaseBuffer(buffer);
     // The direct path has only B-Tree indexes, none summarizing: all or none get entries.
 #if PG_VERSION_NUM >= 160000
     TU_UpdateIndexes update_indexes = TU_All;
-    simple_heap_update(writer.table, &old.t_self, tuple, &update_indexes);
-    bool new_entries = update_indexes != TU_None;
+    simple_heap_update(table, &old.t_self, tuple, &update_indexes);
+    new_entries = update_indexes != TU_None;
 #else
-    simple_heap_update(writer.table, &old.t_self, tuple);
-    bool new_entries = !HeapTupleIsHeapOnly(tuple);
+    simple_heap_update(table, &old.t_self, tuple);
+    new_entries = !HeapTupleIsHeapOnly(tuple);
 #endif
     heap_deform_tuple(tuple, desc, values, nulls);
-    if (new_entries) {
-      // A HOT update needs no index entry; this transaction's insert of the row already
-      // holds the indexes' locks.
-      open_indexes(writer);
-      insert_index_entries(writer, values, nulls, &tuple->t_self, changed);
-    }
-    CommandCounterIncrement();
     return true;
   });
-  std::optional<KeyRow> row;
-  if (updated) row = key_layout::decode_values(values, nulls, context);
-  pg_call([&] { close_writer(writer); });
-  return row;
+  if (!updated) return std::nullopt;
+  // A HOT update needs no index entry; the indexes are opened only for new entries (this
+  // transaction's insert of the row already holds their locks).
+  if (new_entries) {
+    open.open_indexes();
+    pg_call([&] { insert_index_entries(table, open, values, nulls, &tuple->t_self, changed); });
+  }
+  pg_call([] { CommandCounterIncrement(); });
+  return key_layout::decode_values(values, nulls, context);
 }
 
 }  // namespace idem::key_heap

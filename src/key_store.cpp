@@ -228,7 +228,7 @@ void on_load() {
 }
 
 Session::Session(Oid table, caller::ActingAsOwner& acting)
-    : caller_context_(CurrentMemoryContext), table_(table), acting_(acting) {}
+    : caller_context_(CurrentMemoryContext), table_(table), open_table_(table), acting_(acting) {}
 
 void Session::connect() {
   if (connected_) return;
@@ -255,9 +255,10 @@ Session::~Session() {
 }
 
 void Session::finish() {
-  if (!connected_ || finished_) return;
+  if (finished_) return;
   finished_ = true;
-  pg_call([] { SPI_finish(); });
+  open_table_.close();
+  if (connected_) pg_call([] { SPI_finish(); });
 }
 
 std::optional<KeyRow> Session::peek(text* owner, text* scope, text* key, bool* absent,
@@ -282,18 +283,19 @@ std::optional<KeyRow> Session::peek(text* owner, text* scope, text* key, bool* a
     return row;
   }
   std::optional<KeyRow> row;
-  switch (key_heap::look(table_, owner, scope, key, caller_context_, &row)) {
+  switch (key_heap::look(open_table_, owner, scope, key, caller_context_, &row)) {
     case key_heap::Seen::kNothing:
       *absent = true;
       break;
     case key_heap::Seen::kRow:
       break;
     case key_heap::Seen::kUndecided:
-      return key_heap::find(table_, owner, scope, key, caller_context_, true);
+      return key_heap::find(open_table_, owner, scope, key, caller_context_, true);
   }
   // The dirty look takes no predicate lock; under SERIALIZABLE the same row (or the absence
   // of one) is read again by an MVCC probe that takes them, as a SELECT would.
-  if (IsolationIsSerializable()) row = key_heap::find(table_, owner, scope, key, caller_context_);
+  if (IsolationIsSerializable())
+    row = key_heap::find(open_table_, owner, scope, key, caller_context_);
   return row;
 }
 
@@ -355,7 +357,7 @@ Session::Insert Session::insert_unlocked(text* scope, text* key, const ClaimValu
                                          RowAddress* where, bool known_absent) {
   *where = kNowhere;
   if (!route::direct_path()) return Insert::kNeedsLock;
-  switch (key_heap::insert(table_, scope, key, claim, where, known_absent)) {
+  switch (key_heap::insert(open_table_, scope, key, claim, where, known_absent)) {
     case key_heap::InsertResult::kInserted:
       return Insert::kInserted;
     case key_heap::InsertResult::kExists:
@@ -388,7 +390,7 @@ std::optional<KeyRow> Session::complete(text* scope, text* key, const pg_uuid_t&
                                         const Outcome& outcome, TimestampTz now,
                                         TimestampTz expires_at, const RowAddress& where) {
   if (where.valid() && route::direct_path()) {
-    if (std::optional<KeyRow> row = key_heap::complete(table_, where, scope, key, token, owner,
+    if (std::optional<KeyRow> row = key_heap::complete(open_table_, where, scope, key, token, owner,
                                                        outcome, now, expires_at, caller_context_))
       return row;
   }

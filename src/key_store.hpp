@@ -6,6 +6,7 @@
 #pragma once
 
 #include "caller.hpp"
+#include "key_heap.hpp"
 #include "key_row.hpp"
 
 namespace idem::key_store {
@@ -29,8 +30,9 @@ class Session {
   // Tells this transaction's own claim tokens (peek() on the executor path needs it).
   void use_own_tokens(bool (*own_token)(const pg_uuid_t&)) { own_token_ = own_token; }
 
-  // Closes the SPI connection; the destructor leaves an unfinished one to transaction
-  // abort, which is the only way it is left unfinished.
+  // Closes the SPI connection and the relations the direct path opened; the destructor
+  // leaves an unfinished session to transaction abort, which is the only way it is left
+  // unfinished.
   void finish();
 
   // A look at a key before deciding: the row this transaction sees, read by a direct primary
@@ -88,6 +90,7 @@ class Session {
   MemoryContext caller_context_;
   bool (*own_token_)(const pg_uuid_t&) = nullptr;
   Oid table_;
+  key_heap::OpenTable open_table_;  // the direct path's relations, open for the whole call
   caller::ActingAsOwner& acting_;
   bool connected_ = false;
   bool finished_ = false;

@@ -63,6 +63,7 @@ extern "C" {
 #include "catalog/pg_type.h"
 #include "common/cryptohash.h"
 #include "common/hashfn.h"
+#include "common/int.h"
 #include "common/sha2.h"
 #include "commands/event_trigger.h"
 #include "commands/extension.h"
