@@ -36,6 +36,8 @@ OBJS        = src/pg_boundary.o \
               src/cleanup_worker.o \
               src/citus_guard.o \
               src/installation_check.o \
+              src/installation_check_tables.o \
+              src/installation_check_schema.o \
               src/schema_guard.o
 # The released base script, the update scripts, and the script of the default version,
 # made from them (so a fresh install runs the same statements as an upgraded one; TAP

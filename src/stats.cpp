@@ -231,75 +231,90 @@ enum Column : int {
   kColumnCount
 };
 
-// idempotency_stats_rows(): one row per database with counters, for the view.
-// Without shared memory: one row for the current database, counters NULL, and a note.
-Datum sql_stats_rows(FunctionCallInfo fcinfo) {
-  pg_call([&] { InitMaterializedSRF(fcinfo, 0); });
-  auto* rsinfo = reinterpret_cast<ReturnSetInfo*>(fcinfo->resultinfo);
-  const int declared = rsinfo->setDesc->natts;
+// Refuses a declaration of idempotency_stats_rows() with `declared` columns that this library
+// does not know (it would fill columns that are not there, or leave some unset).
+void check_declared_columns(int declared) {
   if (declared != kColumnsOf11 && declared != kColumnCount)
     throw Error(ERRCODE_DATATYPE_MISMATCH,
                 "idempotency_stats_rows() is declared with " + std::to_string(declared) +
                     " columns, the library knows " + std::to_string(kColumnsOf11) + " or " +
                     std::to_string(kColumnCount),
                 {}, "ALTER EXTENSION idempotency UPDATE installs the declaration of this library.");
+}
+
+// Without shared memory, the one row: the current database, counters NULL, and a note.
+void put_note_row(ReturnSetInfo* rsinfo) {
   // The tuple takes the declared number of columns from the front of these arrays.
   Datum values[kColumnCount];
   bool nulls[kColumnCount];
+  for (bool& null : nulls) null = true;
+  values[kDatabase] = ObjectIdGetDatum(MyDatabaseId);
+  nulls[kDatabase] = false;
+  values[kSharedMemory] = BoolGetDatum(false);
+  nulls[kSharedMemory] = false;
+  pg_call([&] {
+    values[kNote] = CStringGetTextDatum(
+        "statistics need shared_preload_libraries = 'idempotency' (and a restart)");
+    nulls[kNote] = false;
+    tuplestore_putvalues(rsinfo->setResult, rsinfo->setDesc, values, nulls);
+  });
+}
 
+// The row of `slot`, none for a free slot: its plain fields copied under the mutex, its
+// counters read atomically.
+void put_slot_row(DatabaseSlot& slot, ReturnSetInfo* rsinfo) {
+  SpinLockAcquire(&shared->mutex);
+  Oid database = slot.database;
+  TimestampTz last_cleanup = slot.last_cleanup;
+  uint64 last_deleted = slot.last_cleanup_deleted;
+  TimestampTz last_orphan_pass = slot.last_orphan_pass;
+  TimestampTz last_start_failure = slot.last_start_failure;
+  char last_error[kErrorLength];
+  strlcpy(last_error, slot.last_error, sizeof last_error);
+  SpinLockRelease(&shared->mutex);
+  if (database == InvalidOid) return;
+
+  // The tuple takes the declared number of columns from the front of these arrays.
+  Datum values[kColumnCount];
+  bool nulls[kColumnCount];
+  for (bool& null : nulls) null = false;
+  values[kDatabase] = ObjectIdGetDatum(database);
+  values[kSharedMemory] = BoolGetDatum(true);
+  for (int i = 0; i < kCounterCount; ++i)
+    values[kFirstCounter + i] =
+        Int64GetDatum(static_cast<int64>(pg_atomic_read_u64(&slot.counters[i])));
+  values[kLastCleanup] = TimestampTzGetDatum(last_cleanup);
+  nulls[kLastCleanup] = last_cleanup == 0;
+  values[kLastCleanupDeleted] = Int64GetDatum(static_cast<int64>(last_deleted));
+  nulls[kLastCleanupDeleted] = last_cleanup == 0;
+  values[kStatsSince] = TimestampTzGetDatum(shared->started);
+  nulls[kLastError] = last_error[0] == '\0';
+  nulls[kNote] = true;  // only used without shared memory
+  values[kOrphanPasses] =
+      Int64GetDatum(static_cast<int64>(pg_atomic_read_u64(&slot.orphan_passes)));
+  values[kLastOrphanPass] = TimestampTzGetDatum(last_orphan_pass);
+  nulls[kLastOrphanPass] = last_orphan_pass == 0;
+  values[kWorkerStartFailures] =
+      Int64GetDatum(static_cast<int64>(pg_atomic_read_u64(&slot.start_failures)));
+  values[kLastStartFailure] = TimestampTzGetDatum(last_start_failure);
+  nulls[kLastStartFailure] = last_start_failure == 0;
+  pg_call([&] {
+    if (!nulls[kLastError]) values[kLastError] = CStringGetTextDatum(last_error);
+    tuplestore_putvalues(rsinfo->setResult, rsinfo->setDesc, values, nulls);
+  });
+}
+
+// idempotency_stats_rows(): one row per database with counters, for the view.
+// Without shared memory: one row for the current database, counters NULL, and a note.
+Datum sql_stats_rows(FunctionCallInfo fcinfo) {
+  pg_call([&] { InitMaterializedSRF(fcinfo, 0); });
+  auto* rsinfo = reinterpret_cast<ReturnSetInfo*>(fcinfo->resultinfo);
+  check_declared_columns(rsinfo->setDesc->natts);
   if (shared == nullptr) {
-    for (bool& null : nulls) null = true;
-    values[kDatabase] = ObjectIdGetDatum(MyDatabaseId);
-    nulls[kDatabase] = false;
-    values[kSharedMemory] = BoolGetDatum(false);
-    nulls[kSharedMemory] = false;
-    pg_call([&] {
-      values[kNote] = CStringGetTextDatum(
-          "statistics need shared_preload_libraries = 'idempotency' (and a restart)");
-      nulls[kNote] = false;
-      tuplestore_putvalues(rsinfo->setResult, rsinfo->setDesc, values, nulls);
-    });
+    put_note_row(rsinfo);
     return static_cast<Datum>(0);
   }
-
-  for (DatabaseSlot& slot : shared->slots) {
-    SpinLockAcquire(&shared->mutex);
-    Oid database = slot.database;
-    TimestampTz last_cleanup = slot.last_cleanup;
-    uint64 last_deleted = slot.last_cleanup_deleted;
-    TimestampTz last_orphan_pass = slot.last_orphan_pass;
-    TimestampTz last_start_failure = slot.last_start_failure;
-    char last_error[kErrorLength];
-    strlcpy(last_error, slot.last_error, sizeof last_error);
-    SpinLockRelease(&shared->mutex);
-    if (database == InvalidOid) continue;
-
-    for (bool& null : nulls) null = false;
-    values[kDatabase] = ObjectIdGetDatum(database);
-    values[kSharedMemory] = BoolGetDatum(true);
-    for (int i = 0; i < kCounterCount; ++i)
-      values[kFirstCounter + i] =
-          Int64GetDatum(static_cast<int64>(pg_atomic_read_u64(&slot.counters[i])));
-    values[kLastCleanup] = TimestampTzGetDatum(last_cleanup);
-    nulls[kLastCleanup] = last_cleanup == 0;
-    values[kLastCleanupDeleted] = Int64GetDatum(static_cast<int64>(last_deleted));
-    nulls[kLastCleanupDeleted] = last_cleanup == 0;
-    values[kStatsSince] = TimestampTzGetDatum(shared->started);
-    nulls[kLastError] = last_error[0] == '\0';
-    nulls[kNote] = true;  // only used without shared memory
-    values[kOrphanPasses] =
-        Int64GetDatum(static_cast<int64>(pg_atomic_read_u64(&slot.orphan_passes)));
-    values[kLastOrphanPass] = TimestampTzGetDatum(last_orphan_pass);
-    nulls[kLastOrphanPass] = last_orphan_pass == 0;
-    values[kWorkerStartFailures] =
-        Int64GetDatum(static_cast<int64>(pg_atomic_read_u64(&slot.start_failures)));
-    values[kLastStartFailure] = TimestampTzGetDatum(last_start_failure);
-    nulls[kLastStartFailure] = last_start_failure == 0;
-    pg_call([&] {
-      if (!nulls[kLastError]) values[kLastError] = CStringGetTextDatum(last_error);
-      tuplestore_putvalues(rsinfo->setResult, rsinfo->setDesc, values, nulls);
-    });
-  }
+  for (DatabaseSlot& slot : shared->slots) put_slot_row(slot, rsinfo);
   return static_cast<Datum>(0);
 }
 
