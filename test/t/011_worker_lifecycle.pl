@@ -145,9 +145,10 @@ $node->poll_query_until('postgres', q{
    WHERE backend_type = 'idempotency cleanup' AND datname = 'big'
      AND query = 'idempotency cleanup: deleting a batch of expired keys'})
   or diag('no worker seen deleting in big');
+# Its pid, whatever it reports by now (between two queries it may have moved on to the pause
+# after its batch: a filter on its query could then find nobody).
 $first = $node->safe_psql('postgres', q{
-  SELECT pid FROM pg_stat_activity WHERE backend_type = 'idempotency cleanup' AND datname = 'big'
-     AND query = 'idempotency cleanup: deleting a batch of expired keys'});
+  SELECT pid FROM pg_stat_activity WHERE backend_type = 'idempotency cleanup' AND datname = 'big'});
 my $old_launcher = launcher_pid();
 my $log_offset = -s $node->logfile;
 my $cancelled = time();
@@ -165,7 +166,7 @@ my $workers = $node->safe_psql('postgres', q{
    WHERE backend_type = 'idempotency cleanup' AND datname = 'big'});
 SKIP: {
   skip "big's first worker ended before the new launcher's round (a very fast machine)", 1
-    unless $workers =~ /\b$first\b/;
+    unless $first ne '' && $workers =~ /\b$first\b/;
   is($workers, $first, "while big's first worker still runs, it is big's only worker");
 }
 ok(wait_cleaned('big', 'old'), "and big's backlog goes");
