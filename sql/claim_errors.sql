@@ -34,6 +34,9 @@ SELECT pg_temp.try($$SELECT claim_key('k', lease => '1 day 1 second')$$);
 SELECT pg_temp.try($$SELECT claim_key('k', lease => '1 mon')$$);
 SELECT pg_temp.try($$SELECT claim_key('k', wait => '1 mon -31 days')$$);
 SELECT pg_temp.try($$SELECT claim_key('k', wait => '-1 day 86399 seconds')$$);
+-- a wait that ends past the last timestamp (in the days before the int64 limit, where the
+-- sum still fits): 22008, as timestamptz arithmetic says, whatever the date today
+SELECT pg_temp.try($$SELECT claim_key('k', wait => (timestamptz '294276-12-31 00:00:00+00' - now()) + interval '3 days')$$);
 -- the defaults, which any role may set, are held to the same limits
 SET idempotency.default_ttl = '31d';
 SELECT pg_temp.try($$SELECT claim_key('k')$$);
