@@ -52,24 +52,13 @@ struct PlanSpec {
   std::vector<Oid> argument_types;
 };
 
-PlanSpec spec_of(PlanId id, const std::string& table) {
-  const std::string columns = row_columns();
-  const std::string select =
-      std::string("SELECT ") + columns + " FROM " + table + " WHERE " + kWhereKey + kAndOwner3;
-  const std::string returning = " RETURNING " + columns;
-  const std::string fence = std::string(kWhereKey) + kWhereHolder;
-  // Parameters of a claim: $1 scope, $2 key, $3 owner, $4 fingerprint, $5 ttl, $6 now,
-  // $7 expires_at, $8 token, $9 locked_until, $10 lease.
+// The statements that write a claim's values: $1 scope, $2 key, $3 owner, $4 fingerprint,
+// $5 ttl, $6 now, $7 expires_at, $8 token, $9 locked_until, $10 lease.
+PlanSpec claim_statement(PlanId id, const std::string& table, const std::string& returning) {
   const std::vector<Oid> claim_types = {TEXTOID,        TEXTOID,        TEXTOID,        BYTEAOID,
                                         INTERVALOID,    TIMESTAMPTZOID, TIMESTAMPTZOID, UUIDOID,
                                         TIMESTAMPTZOID, INTERVALOID};
-  const std::vector<Oid> key_types = {TEXTOID, TEXTOID, TEXTOID};
-  const std::vector<Oid> fence_types = {TEXTOID, TEXTOID, UUIDOID, TEXTOID, TIMESTAMPTZOID};
   switch (id) {
-    case kFind:
-      return {select, key_types};
-    case kLock:
-      return {select + " FOR UPDATE SKIP LOCKED", key_types};
     case kInsert:
       return {"INSERT INTO " + table +
                   " (owner, scope, key, fingerprint, attempts, ttl, lease, created_at, expires_at,"
@@ -93,6 +82,16 @@ PlanSpec spec_of(PlanId id, const std::string& table) {
                   " WHERE " +
                   kWhereKey + kAndOwner3 + returning,
               claim_types};
+    default:
+      throw Error(ERRCODE_INTERNAL_ERROR, "unknown claim statement");
+  }
+}
+
+// The statements fenced by the holder's token: $1 scope, $2 key, $3 token, $4 owner, $5 now,
+// then their own values.
+PlanSpec fenced_statement(PlanId id, const std::string& table, const std::string& returning) {
+  const std::string fence = std::string(kWhereKey) + kWhereHolder;
+  switch (id) {
     case kComplete:
       // Columns at the end of the row change, and expires_at moves to the completion time +
       // ttl (SPEC section 2): an update whose WAL record stays small.
@@ -105,7 +104,7 @@ PlanSpec spec_of(PlanId id, const std::string& table) {
     case kRelease:
       return {"UPDATE " + table +
                   " SET lease_token = NULL, locked_until = NULL, updated_at = $5 WHERE " + fence,
-              fence_types};
+              {TEXTOID, TEXTOID, UUIDOID, TEXTOID, TIMESTAMPTZOID}};
     case kCheckpoint:
       return {"UPDATE " + table +
                   " SET recovery_point = $6, locked_until = $7,"
@@ -113,7 +112,27 @@ PlanSpec spec_of(PlanId id, const std::string& table) {
                   fence,
               {TEXTOID, TEXTOID, UUIDOID, TEXTOID, TIMESTAMPTZOID, TEXTOID, TIMESTAMPTZOID}};
     default:
-      throw Error(ERRCODE_INTERNAL_ERROR, "unknown statement");
+      throw Error(ERRCODE_INTERNAL_ERROR, "unknown fenced statement");
+  }
+}
+
+PlanSpec spec_of(PlanId id, const std::string& table) {
+  const std::string columns = row_columns();
+  const std::string select =
+      std::string("SELECT ") + columns + " FROM " + table + " WHERE " + kWhereKey + kAndOwner3;
+  const std::string returning = " RETURNING " + columns;
+  const std::vector<Oid> key_types = {TEXTOID, TEXTOID, TEXTOID};
+  switch (id) {
+    case kFind:
+      return {select, key_types};
+    case kLock:
+      return {select + " FOR UPDATE SKIP LOCKED", key_types};
+    case kInsert:
+    case kRestart:
+    case kReclaim:
+      return claim_statement(id, table, returning);
+    default:
+      return fenced_statement(id, table, returning);
   }
 }
 
