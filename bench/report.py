@@ -262,14 +262,14 @@ def instructions(args):
     # the two-column pk_select of earlier tables (the second floor); the claim + complete pair
     # against the same writes with the completion time (the floor: expires_at moves, as the
     # SPEC requires) and against the hand-written pair with now() (HOT: expires_at unchanged).
-    same_columns = {"replay": "pk_select_replay", "mismatch": "pk_select_mismatch",
+    same_columns = {"replay": "pk_select_replay", "pl_replay": "pk_select_replay", "mismatch": "pk_select_mismatch",
                     "in_progress": "pk_select_in_progress"}
     for name, count in rows.items():
         floor = rows.get("floor_rand" if name.endswith("_rand") else "floor_v7")
         second = None
         if name.startswith("pk_select") or name in ("replay", "mismatch", "in_progress", "pl_replay"):
             floor = rows.get(same_columns.get(name, name), rows.get("pk_select"))
-            if name in same_columns:
+            if name in same_columns and name != "pl_replay":
                 second = rows.get("pk_select")
         if name in ("inbox_txn", "floor_pair_txn"):
             floor = rows.get("floor_pair_txn_clock", floor)
