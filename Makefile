@@ -32,6 +32,7 @@ OBJS        = src/pg_boundary.o \
               src/cleanup_shared.o \
               src/worker_session.o \
               src/cleanup_statements.o \
+              src/cleanup_throttle.o \
               src/cleanup.o \
               src/cleanup_call.o \
               src/cleanup_launcher.o \

@@ -8,6 +8,7 @@
 #include "caller.hpp"
 #include "cleanup_shared.hpp"
 #include "cleanup_statements.hpp"
+#include "cleanup_throttle.hpp"
 #include "gucs.hpp"
 #include "installation_check.hpp"
 #include "pg_boundary.hpp"
@@ -133,26 +134,11 @@ Step in_transaction(const Request& request, Progress& progress, const char* acti
   return step;
 }
 
-// The pause after a batch that found more to do, and a chance to stop.
-void pause_after(const Request& request, TimestampTz batch_start) {
-  // Between two full batches, a pause like vacuum's cost delay: deleting a backlog of
-  // millions of keys takes CPU and writes WAL (a full-page image for every page touched
-  // first after a checkpoint) that the sessions' commits would otherwise flush along
-  // with their own. The pause is idempotency.cleanup_delay, or as long as the batch
-  // took if that is longer: the worker works at most half of the time, and backs off
-  // further when a busy server makes its batches slow.
-  const int64 batch_ms = (GetCurrentTimestamp() - batch_start) / 1000;
-  int delay_ms = 0;
-  if (request.pause_between && gucs::cleanup_delay_ms > 0)
-    delay_ms =
-        static_cast<int>(std::min<int64>(std::max<int64>(gucs::cleanup_delay_ms, batch_ms), 1000));
-  pg_call([&] {
-    if (delay_ms > 0) {
-      (void)WaitLatch(MyLatch, WL_LATCH_SET | WL_TIMEOUT | WL_EXIT_ON_PM_DEATH, delay_ms,
-                      PG_WAIT_EXTENSION);
-      ResetLatch(MyLatch);
-    }
-  });
+// After a batch that may have left more to do: the throttle's pause, and a chance to stop.
+void pause(Throttle& throttle, uint64 deleted, Progress& progress) {
+  throttle.pause_after_batch(deleted);
+  progress.pauses = throttle.pauses();
+  progress.paused_ms = throttle.paused_ms();
   check_for_interrupts();
 }
 
@@ -191,7 +177,8 @@ bool orphan_batch(Oid table, int batch_size, stats::OrphanPass& pass, uint64& de
 
 // The pass over keys of dropped or renamed roles, when one is due; false when the run must
 // stop (paused, out of time) before the expired keys.
-bool delete_orphans(const Request& request, Oid table, TimestampTz started, Progress& progress) {
+bool delete_orphans(const Request& request, Oid table, TimestampTz started, Throttle& throttle,
+                    Progress& progress) {
   const Oid database = MyDatabaseId;
   const uint64 generation = cleanup_shared::role_generation();
   if (!stats::orphan_pass_due(database, table, generation)) return true;
@@ -199,15 +186,13 @@ bool delete_orphans(const Request& request, Oid table, TimestampTz started, Prog
   if (!request.resume || pass.generation != generation || pass.table != table)
     pass = {generation, table, InvalidOid, 0};
   for (;;) {
-    const TimestampTz batch_start = GetCurrentTimestamp();
+    const int rows = throttle.start_batch(request.batch_size);
     bool complete = false;
     uint64 deleted = 0;
     progress.orphan_pass = true;
-    const Step step =
-        in_transaction(request, progress, "idempotency cleanup: deleting keys of dropped roles",
-                       [&](const caller::Installation&) {
-                         complete = orphan_batch(table, request.batch_size, pass, deleted);
-                       });
+    const Step step = in_transaction(
+        request, progress, "idempotency cleanup: deleting keys of dropped roles",
+        [&](const caller::Installation&) { complete = orphan_batch(table, rows, pass, deleted); });
     if (step == Step::kPaused) {
       progress.paused = true;
       return false;
@@ -220,10 +205,42 @@ bool delete_orphans(const Request& request, Oid table, TimestampTz started, Prog
       return true;
     }
     stats::save_orphan_pass_progress(database, pass);
-    pause_after(request, batch_start);
+    pause(throttle, deleted, progress);
     if (should_stop(request, started)) {
       progress.unfinished = true;
       return false;
+    }
+  }
+}
+
+// The batches of expired keys, until none is left or the run must stop.
+void delete_expired_keys(const Request& request, TimestampTz started, Throttle& throttle,
+                         Progress& progress) {
+  statements::Batch batch;
+  // After an unfinished round, go on where it stopped instead of walking again over the
+  // index entries of the keys it deleted (dead until VACUUM).
+  batch.last_expiry = request.resume ? stats::resume_point(MyDatabaseId) : DT_NOBEGIN;
+  for (;;) {
+    const int rows = throttle.start_batch(request.batch_size);
+    statements::Batch done;
+    const Step step =
+        in_transaction(request, progress, "idempotency cleanup: deleting a batch of expired keys",
+                       [&](const caller::Installation& installation) {
+                         done = statements::delete_expired(installation.table, request.now,
+                                                           batch.last_expiry, rows);
+                       });
+    if (step == Step::kPaused) progress.paused = true;
+    if (step != Step::kDone) return;
+    batch = done;
+    progress.deleted += batch.deleted;
+    // Counted batch by batch, so that the view shows a long run's progress.
+    stats::count(stats::kExpiredDeleted, batch.deleted);
+    if (!batch.full) return;  // fewer keys than asked for: none is left
+    pause(throttle, batch.deleted, progress);
+    if (should_stop(request, started)) {
+      progress.unfinished = true;
+      progress.resume_from = batch.last_expiry;
+      return;
     }
   }
 }
@@ -246,35 +263,9 @@ void run(const Request& request, Progress& progress) {
     return;
   }
   progress.installed = true;
-  if (!delete_orphans(request, table, started, progress)) return;
-
-  statements::Batch batch;
-  // After an unfinished round, go on where it stopped instead of walking again over the
-  // index entries of the keys it deleted (dead until VACUUM).
-  batch.last_expiry = request.resume ? stats::resume_point(MyDatabaseId) : DT_NOBEGIN;
-  for (;;) {
-    const TimestampTz batch_start = GetCurrentTimestamp();
-    statements::Batch done;
-    const Step step =
-        in_transaction(request, progress, "idempotency cleanup: deleting a batch of expired keys",
-                       [&](const caller::Installation& installation) {
-                         done = statements::delete_expired(installation.table, request.now,
-                                                           batch.last_expiry, request.batch_size);
-                       });
-    if (step == Step::kPaused) progress.paused = true;
-    if (step != Step::kDone) return;
-    batch = done;
-    progress.deleted += batch.deleted;
-    // Counted batch by batch, so that the view shows a long run's progress.
-    stats::count(stats::kExpiredDeleted, batch.deleted);
-    if (!batch.full) return;
-    pause_after(request, batch_start);
-    if (should_stop(request, started)) {
-      progress.unfinished = true;
-      progress.resume_from = batch.last_expiry;
-      return;
-    }
-  }
+  Throttle throttle(request.requester);
+  if (delete_orphans(request, table, started, throttle, progress))
+    delete_expired_keys(request, started, throttle, progress);
 }
 
 void abort_failed_batch() noexcept {

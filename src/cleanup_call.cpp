@@ -206,11 +206,13 @@ void call_main(dsm_handle handle) {
   try {
     pg_call([&] {
       ereport(DEBUG1, (errmsg_internal("idempotency_cleanup() of backend %d: %ld ms, " UINT64_FORMAT
-                                       " keys deleted, orphan pass %s, peak memory %zu bytes",
+                                       " keys deleted, orphan pass %s, peak memory %zu bytes,"
+                                       " %d pauses of %ld ms in all",
                                        static_cast<int>(call->requester),
                                        static_cast<long>((GetCurrentTimestamp() - started) / 1000),
                                        progress.deleted, progress.orphan_pass ? "yes" : "no",
-                                       progress.peak_memory)));
+                                       progress.peak_memory, progress.pauses,
+                                       static_cast<long>(progress.paused_ms))));
     });
   } catch (...) {
   }

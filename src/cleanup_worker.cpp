@@ -48,6 +48,24 @@ void log_failure(PgError& e) {
   }
 }
 
+// The round's summary at DEBUG1. Called from a noexcept frame with C++ objects alive: a log
+// line at most.
+void log_round(const cleanup::Progress& progress, TimestampTz started) noexcept {
+  try {
+    pg_call([&] {
+      ereport(DEBUG1,
+              (errmsg_internal(
+                  "idempotency cleanup of database %u: round of %ld ms, " UINT64_FORMAT
+                  " keys deleted, orphan pass %s, peak memory %zu bytes, %d pauses of %ld ms "
+                  "in all",
+                  MyDatabaseId, static_cast<long>((GetCurrentTimestamp() - started) / 1000),
+                  progress.deleted, progress.orphan_pass ? "yes" : "no", progress.peak_memory,
+                  progress.pauses, static_cast<long>(progress.paused_ms))));
+    });
+  } catch (...) {
+  }
+}
+
 // One round in the current database. Errors are caught, logged, recorded and end the round;
 // the launcher starts the next one after the interval.
 cleanup_shared::Outcome run_round() noexcept {
@@ -59,7 +77,6 @@ cleanup_shared::Outcome run_round() noexcept {
   // Keys that expire during the round are left to the next one: the round ends.
   request.now = GetCurrentTimestamp();
   request.time_budget_us = kRoundMicroseconds;
-  request.pause_between = true;
   request.obey_pause = true;
   request.resume = true;
   cleanup::Progress progress;
@@ -90,20 +107,7 @@ cleanup_shared::Outcome run_round() noexcept {
     stats::record_cleanup(MyDatabaseId, progress.deleted,
                           failure.empty() ? nullptr : failure.c_str(),
                           progress.unfinished ? progress.resume_from : DT_NOBEGIN);
-  // `failure` is alive and this function is noexcept: a log line at most.
-  if (progress.installed) {
-    try {
-      pg_call([&] {
-        ereport(DEBUG1,
-                (errmsg_internal(
-                    "idempotency cleanup of database %u: round of %ld ms, " UINT64_FORMAT
-                    " keys deleted, orphan pass %s, peak memory %zu bytes",
-                    MyDatabaseId, static_cast<long>((GetCurrentTimestamp() - started) / 1000),
-                    progress.deleted, progress.orphan_pass ? "yes" : "no", progress.peak_memory)));
-      });
-    } catch (...) {
-    }
-  }
+  if (progress.installed) log_round(progress, started);
   if (!failure.empty()) return Outcome::kFailed;
   if (!progress.installed) return progress.paused ? Outcome::kPaused : Outcome::kNotInstalled;
   if (progress.paused) return Outcome::kPaused;
