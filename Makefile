@@ -31,8 +31,11 @@ OBJS        = src/pg_boundary.o \
               src/batches.o \
               src/cleanup_shared.o \
               src/worker_session.o \
+              src/cleanup_statements.o \
+              src/cleanup_throttle.o \
               src/cleanup.o \
               src/cleanup_call.o \
+              src/cleanup_launcher.o \
               src/cleanup_worker.o \
               src/citus_guard.o \
               src/installation_check.o \

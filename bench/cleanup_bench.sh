@@ -20,7 +20,15 @@
 # CLEANUP_CLIENTS (4),
 # CLEANUP_PORT (5451), BENCH_NO_BUILD=1 (use the installed extension),
 # CLEANUP_OUT (file to keep the summary in; default bench/results/cleanup-summary.txt),
-# CLEANUP_LATENCY_ONLY=1 (skip part 1), CLEANUP_DELAY (idempotency.cleanup_delay, 5ms).
+# CLEANUP_LATENCY_ONLY=1 (skip part 1), CLEANUP_DELAY (idempotency.cleanup_delay, 5ms),
+# CLEANUP_BATCH (idempotency.cleanup_batch_size, 5000),
+# CLEANUP_CONF (more postgresql.conf lines, separated by ';', e.g. 'full_page_writes = off'),
+# CLEANUP_CLIENT_OPTIONS (PGOPTIONS of the claiming clients, e.g. '-c synchronous_commit=off'),
+# CLEANUP_WAITS=1 (sample pg_stat_activity every 2 ms during each window: what the claims
+# and the worker wait for, printed per kind of window),
+# CLEANUP_NICE (as root: the nice value of the server and pgbench, e.g. -10, so that other
+# work on the machine takes less of the CPU from the measurement; the worker, a child of the
+# server, runs at the same value as the claims, as on a production server).
 set -euo pipefail
 
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
@@ -32,10 +40,14 @@ LATENCY_SECONDS="${CLEANUP_LATENCY_SECONDS:-3}"
 REPS="${CLEANUP_REPS:-3}"
 CLIENTS="${CLEANUP_CLIENTS:-4}"
 PORT="${CLEANUP_PORT:-5451}"
-BATCH=5000
+BATCH="${CLEANUP_BATCH:-5000}"
 OUT_FILE="${CLEANUP_OUT:-$IDEM_ROOT/bench/results/cleanup-summary.txt}"
 
 ensure_packages
+# Every process started from here on (the server, its backends and workers, pgbench) inherits it.
+[[ -n ${CLEANUP_NICE:-} ]] && renice -n "$CLEANUP_NICE" -p $$ >/dev/null
+extra_conf=()
+IFS=';' read -r -a extra_conf <<<"${CLEANUP_CONF:-}"
 [[ ${BENCH_NO_BUILD:-0} == 1 ]] || build_and_install
 idem_scratch_init
 DIR="$IDEM_SCRATCH/cleanup_bench"
@@ -50,7 +62,8 @@ cluster_start "$DIR" "$PORT" \
   "shared_buffers = '1GB'" \
   "max_wal_size = '8GB'" \
   "checkpoint_timeout = '30min'" \
-  "search_path = '\"\$user\", public, idempotency'"
+  "search_path = '\"\$user\", public, idempotency'" \
+  "${extra_conf[@]}"
 cp "$HERE/cleanup/setup.sql" "$HERE/cleanup/claim.sql" "$DIR/"
 idem_is_root && chown postgres: "$DIR"/*.sql
 
@@ -61,8 +74,16 @@ ratio() { awk -v a="$1" -v b="$2" 'BEGIN { if (b == 0) print "nan"; else printf 
 pg_psql -d postgres -c 'CREATE DATABASE bench'
 q 'CREATE EXTENSION idempotency'
 pg_psql -d bench -f "$DIR/setup.sql" >/dev/null
+# The first cleanup of a database makes the pass over keys of dropped roles (a walk over the
+# whole table, deleting nothing here): made now, on the empty table, so that every round
+# measured below deletes expired keys.
+q 'SELECT idempotency_cleanup()' >/dev/null
 
-deleted_so_far() { q "SELECT coalesce(expired_deleted, 0) FROM idempotency_stats WHERE datname = 'bench'"; }
+# Read from the database postgres (which has the extension for its view, and no keys): a
+# session of the database bench, even one that only reads, counts as foreground work for the
+# throttle, and the worker's rate alone is measured here.
+pg_psql -d postgres -c 'CREATE EXTENSION idempotency' >/dev/null
+deleted_so_far() { pg_psql -d postgres -Atc "SELECT coalesce(expired_deleted, 0) FROM idempotency_stats WHERE datname = 'bench'"; }
 
 load() { # N: N expired keys on a clean, vacuumed table
   q "VACUUM idempotency_keys" >/dev/null
@@ -125,42 +146,85 @@ fi
 
 # Alternating windows (without, during, without, during, ...) pooled: drifts in the
 # machine's background load then fall on both sides alike.
-# Before each pair of windows the table gets 3N more expired keys (then VACUUM, CHECKPOINT).
+# Before each pair of windows the table gets 3N more expired keys (then VACUUM, CHECKPOINT);
+# after it the worker is stopped and what it left is deleted (drain).
 LATENCY_ROWS=$((ROWS * 3))
 run_pgbench() { # PREFIX
-  as_pg pgbench -n -M prepared -c "$CLIENTS" -j 2 -T "$LATENCY_SECONDS" \
+  [[ ${CLEANUP_WAITS:-0} == 1 ]] && sample_waits "${1%_*}" &
+  PGOPTIONS="${CLEANUP_CLIENT_OPTIONS:-}" as_pg pgbench -n -M prepared -c "$CLIENTS" -j 2 -T "$LATENCY_SECONDS" \
     -f "$DIR/claim.sql" -l --log-prefix="$DIR/$1" bench >"$DIR/$1.out" 2>&1 ||
     { cat "$DIR/$1.out" >&2; idem_die "pgbench failed"; }
+  wait
+}
+# sample_waits KIND: for the window's length, every 2 ms, what each claiming backend and the
+# worker is doing (wait_event_type:wait_event, or CPU when running and not waiting), counted
+# in an unlogged table (no WAL of its own).
+sample_waits() {
+  q "CREATE UNLOGGED TABLE IF NOT EXISTS bench_waits (kind text, who text, what text)" >/dev/null
+  q "DO \$\$ DECLARE stop timestamptz := clock_timestamp() + interval '$LATENCY_SECONDS s'; BEGIN
+       WHILE clock_timestamp() < stop LOOP
+         INSERT INTO bench_waits SELECT '$1',
+           CASE WHEN backend_type = 'client backend' THEN 'claim' ELSE 'worker' END,
+           coalesce(wait_event_type || ':' || wait_event, CASE state WHEN 'active' THEN 'CPU' ELSE state END)
+         FROM pg_stat_activity WHERE application_name = 'pgbench' OR backend_type = 'idempotency cleanup';
+         PERFORM pg_stat_clear_snapshot();
+         PERFORM pg_sleep(0.002);
+       END LOOP; END \$\$" >/dev/null
 }
 worker_idle() {
   until [[ $(q "SELECT count(*) FROM pg_stat_activity WHERE backend_type = 'idempotency cleanup'") == 0 ]]; do
     sleep 0.05
   done
 }
-base="$(deleted_so_far)"
+# After a window with the worker: it stops (idempotency.cleanup_worker = off; a round under way
+# ends within about a second, and the launcher's next one finds it off) and the keys it left
+# are deleted here, so that the next window without a cleanup has none running, whatever the
+# throttle left.
+drain() {
+  q "ALTER SYSTEM SET idempotency.cleanup_worker = off" >/dev/null
+  q "SELECT pg_reload_conf()" >/dev/null
+  local quiet=0
+  while ((quiet < 5)); do
+    if [[ $(q "SELECT count(*) FROM pg_stat_activity WHERE backend_type = 'idempotency cleanup'") == 0 ]]; then
+      quiet=$((quiet + 1))
+    else
+      quiet=0
+    fi
+    sleep 0.1
+  done
+  q "DELETE FROM idempotency_keys WHERE key LIKE 'expired-%'" >/dev/null
+  q "ALTER SYSTEM RESET idempotency.cleanup_worker" >/dev/null
+  q "SELECT pg_reload_conf()" >/dev/null
+}
+during_deleted=0
 per_rep=""
 left=1
 for ((r = 1; r <= REPS; r++)); do
   load "$LATENCY_ROWS"
   run_pgbench "without_$r"
   set_interval 100ms
+  base="$(deleted_so_far)"
   run_pgbench "during_$r"
+  during_deleted=$((during_deleted + $(deleted_so_far) - base))
   ((left > 0)) && left="$(q "SELECT count(*) FROM idempotency_keys WHERE key LIKE 'expired-%'")"
   set_interval 1h
-  worker_idle
+  drain
   read -r _ _ p99w < <("$HERE/cleanup/percentiles.sh" "$DIR"/without_$r.*)
   read -r _ _ p99d < <("$HERE/cleanup/percentiles.sh" "$DIR"/during_$r.*)
   per_rep+=" $(ratio "$p99d" "$p99w")"
 done
-during_deleted=$(($(deleted_so_far) - base))
+during_rate="$(awk -v n="$during_deleted" -v s="$((REPS * LATENCY_SECONDS))" 'BEGIN { printf "%.0f", n / s }')"
 read -r n_without p50_without p99_without < <("$HERE/cleanup/percentiles.sh" "$DIR"/without_*)
 read -r n_during p50_during p99_during < <("$HERE/cleanup/percentiles.sh" "$DIR"/during_*)
 covered="yes"
+waits=""
+[[ ${CLEANUP_WAITS:-0} == 1 ]] && waits="$(q "SELECT format('  %-8s %-6s %5s%%  %s', kind, who, round(100.0 * count(*) / sum(count(*)) OVER (PARTITION BY kind, who), 1), what)
+  FROM bench_waits GROUP BY kind, who, what ORDER BY kind DESC, who, count(*) DESC")"
 ((left > 0)) || covered="no (the expired keys ran out before a window ended)"
 
 summary="$(
   cat <<EOF
-cleanup benchmark ($(date -u +%FT%TZ), $(nproc) cores, PostgreSQL $(q 'SHOW server_version'), idempotency.cleanup_delay = $(q 'SHOW idempotency.cleanup_delay'))
+cleanup benchmark ($(date -u +%FT%TZ), $(nproc) cores, load $(cut -d' ' -f1-3 /proc/loadavg) at the end, PostgreSQL $(q 'SHOW server_version'), idempotency.cleanup_delay = $(q 'SHOW idempotency.cleanup_delay')${CLEANUP_CONF:+, $CLEANUP_CONF}${CLEANUP_CLIENT_OPTIONS:+, clients: $CLEANUP_CLIENT_OPTIONS}${CLEANUP_NICE:+, nice $CLEANUP_NICE})
 deletion of $ROWS expired keys (batches of $BATCH):
   worker      $worker_rate rows/s  ($worker_s s)
   function    $function_rate rows/s  ($function_s s, idempotency_cleanup(), its own worker)
@@ -169,9 +233,11 @@ deletion of $ROWS expired keys (batches of $BATCH):
   ratio function / reference   $(ratio "$function_rate" "$reference_rate")
 claim_key latency, pgbench -M prepared, $CLIENTS clients, $REPS x $LATENCY_SECONDS s each way (alternating), $LATENCY_ROWS expired keys loaded before each pair:
   without cleanup   p50 $p50_without ms   p99 $p99_without ms   ($n_without claims)
-  during cleanup    p50 $p50_during ms   p99 $p99_during ms   ($n_during claims; the worker deleted $during_deleted; keys left to delete throughout: $covered)
+  during cleanup    p50 $p50_during ms   p99 $p99_during ms   ($n_during claims; the worker deleted $during_deleted in them, $during_rate rows/s; keys left to delete throughout: $covered)
   ratio p99 during / without   $(ratio "$p99_during" "$p99_without")   (goal: <= 1.5; per window pair:$per_rep)
   ratio p50 during / without   $(ratio "$p50_during" "$p50_without")
+${waits:+samples of pg_stat_activity every 2 ms (window, backend, share of its samples, state):
+$waits}
 EOF
 )"
 echo

@@ -121,7 +121,7 @@ REVOKE EXECUTE ON FUNCTION idempotency_cleanup(integer) FROM cleanup_regress_use
 REVOKE USAGE ON SCHEMA idempotency FROM cleanup_regress_user;
 DROP ROLE cleanup_regress_user;
 
--- the plan of the batch statement of src/cleanup.cpp (same text, operators unqualified):
+-- the plan of the batch statement of src/cleanup_statements.cpp (same text, operators unqualified):
 -- an index scan in expiry order under the LIMIT, then a delete by TID,
 -- whatever the table size
 SET plan_cache_mode = force_generic_plan;

@@ -18,7 +18,9 @@
 //     over a million expired keys reads each index entry about once instead of rescanning the
 //     dead entries that earlier batches left at the start of the index.
 // Rows skipped because they were locked are left for the next run: a claim that holds such a
-// row is renewing it.
+// row is renewing it. Both the worker's rounds and idempotency_cleanup() are paced by the
+// throttle (cleanup_throttle.hpp): at full speed where nobody else works, in short batches
+// with pauses while other sessions do.
 #pragma once
 
 #include "pg.hpp"
@@ -28,13 +30,12 @@ namespace idem::cleanup {
 // What to run.
 struct Request {
   int batch_size = 0;
-  TimestampTz now = 0;         // keys with expires_at <= now are expired
-  int64 time_budget_us = 0;    // stop after about this long (a worker's round); 0: none
-  bool pause_between = false;  // pause after each full batch (idempotency.cleanup_delay)
-  bool obey_pause = false;     // stop where idempotency.cleanup_worker is off (the worker)
-  bool resume = false;         // go on where the last unfinished round stopped
-  Oid table = InvalidOid;      // the key table the requester saw; InvalidOid: whichever
-  pid_t requester = 0;         // stop when this backend is gone; 0: nobody waits
+  TimestampTz now = 0;       // keys with expires_at <= now are expired
+  int64 time_budget_us = 0;  // stop after about this long (a worker's round); 0: none
+  bool obey_pause = false;   // stop where idempotency.cleanup_worker is off (the worker)
+  bool resume = false;       // go on where the last unfinished round stopped
+  Oid table = InvalidOid;    // the key table the requester saw; InvalidOid: whichever
+  pid_t requester = 0;       // stop when this backend is gone; 0: nobody waits
 };
 
 // What was done; filled in as it goes, so that a failure still tells.
@@ -46,6 +47,8 @@ struct Progress {
   TimestampTz resume_from = DT_NOBEGIN;  // where an unfinished run's successor starts
   bool orphan_pass = false;              // batches of the pass over keys of dropped roles ran
   Size peak_memory = 0;                  // the most memory the process had allocated during a batch
+  int pauses = 0;                        // pauses of the throttle (cleanup_throttle.hpp)
+  int64 paused_ms = 0;                   // and their total length
 };
 
 // Runs `request` in the current database. Needs a background worker connected to it with no

@@ -47,29 +47,19 @@ struct Call {
   char hint[512];
 };
 
-Datum sql_cleanup(FunctionCallInfo fcinfo) {
-  (void)caller::calling_role("idempotency_cleanup");
+// The batch size asked for, checked: the argument, or idempotency.cleanup_batch_size.
+int batch_size_of(FunctionCallInfo fcinfo) {
   const int batch_size = PG_ARGISNULL(0) ? gucs::cleanup_batch_size : PG_GETARG_INT32(0);
   if (batch_size <= 0)
     throw Error(ERRCODE_INVALID_PARAMETER_VALUE, "batch_size must be positive",
                 "batch_size is " + std::to_string(batch_size) + ".",
                 "Pass NULL to use idempotency.cleanup_batch_size.");
-  const caller::Installation installation = caller::of_function(fcinfo->flinfo->fn_oid);
-  // Deleting is a write: refused where a DELETE of the caller's would be (25006).
-  pg_call([] {
-    PreventCommandIfReadOnly("idempotency_cleanup()");
-    PreventCommandDuringRecovery("idempotency_cleanup()");
-  });
+  return batch_size;
+}
 
-  dsm_segment* segment = pg_call([] { return dsm_create(sizeof(Call), 0); });
-  auto* call = static_cast<Call*>(dsm_segment_address(segment));
-  memset(call, 0, sizeof *call);
-  call->database = MyDatabaseId;
-  call->table = installation.table;
-  call->batch_size = batch_size;
-  call->now = GetCurrentTimestamp();
-  call->requester = MyProcPid;
-
+// Registers the worker that runs the call described in `segment`; 53400 when no
+// max_worker_processes slot is free.
+BackgroundWorkerHandle* start_worker(dsm_segment* segment) {
   BackgroundWorker worker;
   memset(&worker, 0, sizeof worker);
   worker.bgw_flags = BGWORKER_SHMEM_ACCESS | BGWORKER_BACKEND_DATABASE_CONNECTION;
@@ -90,7 +80,12 @@ Datum sql_cleanup(FunctionCallInfo fcinfo) {
                 "max_worker_processes slots are in use.",
                 "Call it again later, or raise max_worker_processes.");
   }
+  return handle;
+}
 
+// Waits until the worker has stopped. Cancelled or timed out meanwhile, it asks the worker to
+// stop (at its next interrupt check) and lets the error go on to the caller.
+void wait_for(BackgroundWorkerHandle* handle) {
   try {
     for (;;) {
       pid_t pid = 0;
@@ -107,18 +102,16 @@ Datum sql_cleanup(FunctionCallInfo fcinfo) {
       check_for_interrupts();
     }
   } catch (...) {
-    // Cancelled or timed out: the worker stops at its next interrupt check, and the error
-    // goes on to the caller.
     try {
       pg_call([&] { TerminateBackgroundWorker(handle); });
     } catch (...) {
     }
     throw;
   }
+}
 
-  pg_memory_barrier();
-  const Call result = *call;
-  pg_call([&] { dsm_detach(segment); });
+// The count the worker left in the segment, or its error raised here.
+Datum result_of(const Call& result) {
   if (!result.finished)
     throw Error(ERRCODE_INTERNAL_ERROR,
                 "the background worker of idempotency_cleanup() stopped "
@@ -131,6 +124,31 @@ Datum sql_cleanup(FunctionCallInfo fcinfo) {
                                                        "the deletions of idempotency_cleanup()."),
                 result.hint);
   return Int64GetDatum(static_cast<int64>(result.deleted));
+}
+
+Datum sql_cleanup(FunctionCallInfo fcinfo) {
+  (void)caller::calling_role("idempotency_cleanup");
+  const int batch_size = batch_size_of(fcinfo);
+  const caller::Installation installation = caller::of_function(fcinfo->flinfo->fn_oid);
+  // Deleting is a write: refused where a DELETE of the caller's would be (25006).
+  pg_call([] {
+    PreventCommandIfReadOnly("idempotency_cleanup()");
+    PreventCommandDuringRecovery("idempotency_cleanup()");
+  });
+
+  dsm_segment* segment = pg_call([] { return dsm_create(sizeof(Call), 0); });
+  auto* call = static_cast<Call*>(dsm_segment_address(segment));
+  memset(call, 0, sizeof *call);
+  call->database = MyDatabaseId;
+  call->table = installation.table;
+  call->batch_size = batch_size;
+  call->now = GetCurrentTimestamp();
+  call->requester = MyProcPid;
+  wait_for(start_worker(segment));
+  pg_memory_barrier();
+  const Call result = *call;
+  pg_call([&] { dsm_detach(segment); });
+  return result_of(result);
 }
 
 // Copies an error into the segment for the caller to raise.
@@ -188,11 +206,13 @@ void call_main(dsm_handle handle) {
   try {
     pg_call([&] {
       ereport(DEBUG1, (errmsg_internal("idempotency_cleanup() of backend %d: %ld ms, " UINT64_FORMAT
-                                       " keys deleted, orphan pass %s, peak memory %zu bytes",
+                                       " keys deleted, orphan pass %s, peak memory %zu bytes,"
+                                       " %d pauses of %ld ms in all",
                                        static_cast<int>(call->requester),
                                        static_cast<long>((GetCurrentTimestamp() - started) / 1000),
                                        progress.deleted, progress.orphan_pass ? "yes" : "no",
-                                       progress.peak_memory)));
+                                       progress.peak_memory, progress.pauses,
+                                       static_cast<long>(progress.paused_ms))));
     });
   } catch (...) {
   }

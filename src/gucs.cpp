@@ -17,6 +17,7 @@ int max_recovery_point_size = 1024;
 int cleanup_interval_ms = 60 * 1000;
 int cleanup_batch_size = 5000;
 int cleanup_delay_ms = 5;
+int cleanup_cost_limit = 2000;
 char* databases = nullptr;
 bool executor_path = false;
 bool cleanup_worker = true;
@@ -33,6 +34,44 @@ bool check_databases(char** newval, void** /*extra*/, GucSource /*source*/) {
   }
   return true;
 }
+
+// The settings of the cleanup: the worker's rounds, the batches and their throttle.
+void define_cleanup() {
+  DefineCustomIntVariable("idempotency.cleanup_interval",
+                          "Time between two cleanup rounds of the background worker.", nullptr,
+                          &cleanup_interval_ms, 60 * 1000, 100, 24 * 60 * 60 * 1000, PGC_SIGHUP,
+                          GUC_UNIT_MS, nullptr, nullptr, nullptr);
+  DefineCustomIntVariable(
+      "idempotency.cleanup_batch_size", "Expired keys deleted per transaction by the cleanup.",
+      nullptr, &cleanup_batch_size, 5000, 1, 1000000, PGC_SIGHUP, 0, nullptr, nullptr, nullptr);
+  // The throttle of the cleanup (cleanup_throttle.hpp), as vacuum_cost_delay and
+  // vacuum_cost_limit pace a vacuum, and only while other sessions work.
+  DefineCustomIntVariable(
+      "idempotency.cleanup_delay",
+      "Pause of the cleanup once it has spent idempotency.cleanup_cost_limit while other "
+      "sessions work.",
+      "Leaves CPU and WAL bandwidth to the sessions while a large backlog is deleted; 0 = none.",
+      &cleanup_delay_ms, 5, 0, 1000, PGC_SIGHUP, GUC_UNIT_MS, nullptr, nullptr, nullptr);
+  DefineCustomIntVariable(
+      "idempotency.cleanup_cost_limit",
+      "Cost the cleanup spends between two pauses while other sessions work.",
+      "Counted as vacuum counts it (vacuum_cost_page_hit, _miss, _dirty); a batch is cut to "
+      "what it buys. Where nobody else works, the cleanup does not pause.",
+      &cleanup_cost_limit, 2000, 1, 10000, PGC_SIGHUP, 0, nullptr, nullptr, nullptr);
+  DefineCustomStringVariable("idempotency.databases",
+                             "Databases the cleanup worker serves (empty: every database).",
+                             "A comma-separated list of database names.", &databases, "",
+                             PGC_SIGHUP, 0, check_databases, nullptr, nullptr);
+  // Superuser-only, so that no database owner can stop the cleanup of his database (the
+  // worker reads a database's setting from pg_db_role_setting itself, before and after every
+  // batch, whatever the settings it runs with: cleanup.cpp).
+  DefineCustomBoolVariable(
+      "idempotency.cleanup_worker", "Whether the background worker cleans up.",
+      "off in postgresql.conf: in no database; ALTER DATABASE ... SET "
+      "idempotency.cleanup_worker = off: not in that one. idempotency_cleanup() works either way.",
+      &cleanup_worker, true, PGC_SUSET, 0, nullptr, nullptr, nullptr);
+}
+
 }  // namespace
 
 void define() {
@@ -73,21 +112,6 @@ void define() {
                           "Largest accepted recovery point of checkpoint_key, in bytes.", nullptr,
                           &max_recovery_point_size, 1024, 1, 1024 * 1024, PGC_SUSET, GUC_UNIT_BYTE,
                           nullptr, nullptr, nullptr);
-  DefineCustomIntVariable("idempotency.cleanup_interval",
-                          "Time between two cleanup rounds of the background worker.", nullptr,
-                          &cleanup_interval_ms, 60 * 1000, 100, 24 * 60 * 60 * 1000, PGC_SIGHUP,
-                          GUC_UNIT_MS, nullptr, nullptr, nullptr);
-  DefineCustomIntVariable(
-      "idempotency.cleanup_batch_size", "Expired keys deleted per transaction by the cleanup.",
-      nullptr, &cleanup_batch_size, 5000, 1, 1000000, PGC_SIGHUP, 0, nullptr, nullptr, nullptr);
-  DefineCustomIntVariable(
-      "idempotency.cleanup_delay", "Pause of the cleanup worker after each batch.",
-      "Leaves CPU and WAL bandwidth to the sessions while a large backlog is deleted; 0 = none.",
-      &cleanup_delay_ms, 5, 0, 1000, PGC_SIGHUP, GUC_UNIT_MS, nullptr, nullptr, nullptr);
-  DefineCustomStringVariable("idempotency.databases",
-                             "Databases the cleanup worker serves (empty: every database).",
-                             "A comma-separated list of database names.", &databases, "",
-                             PGC_SIGHUP, 0, check_databases, nullptr, nullptr);
   // A superuser's switch: every claim of the session through the kept SPI plans, as on
   // Citus, so that the tests of the claim core cover that path too (test/paths).
   DefineCustomBoolVariable(
@@ -95,14 +119,7 @@ void define() {
       "Route every claim through the executor (SPI) instead of the direct heap path; for tests "
       "and diagnosis.",
       nullptr, &executor_path, false, PGC_SUSET, 0, nullptr, nullptr, nullptr);
-  // Superuser-only, so that no database owner can stop the cleanup of his database (the
-  // worker reads a database's setting from pg_db_role_setting itself, before and after every
-  // batch, whatever the settings it runs with: cleanup.cpp).
-  DefineCustomBoolVariable(
-      "idempotency.cleanup_worker", "Whether the background worker cleans up.",
-      "off in postgresql.conf: in no database; ALTER DATABASE ... SET "
-      "idempotency.cleanup_worker = off: not in that one. idempotency_cleanup() works either way.",
-      &cleanup_worker, true, PGC_SUSET, 0, nullptr, nullptr, nullptr);
+  define_cleanup();
   MarkGUCPrefixReserved("idempotency");
 }
 

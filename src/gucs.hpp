@@ -27,8 +27,9 @@ extern bool executor_path;
 // Read by the cleanup worker.
 extern int cleanup_interval_ms;
 extern int cleanup_batch_size;
-extern int cleanup_delay_ms;  // pause of the worker after each batch
-extern char* databases;       // comma-separated list, empty = every database
-extern bool cleanup_worker;   // off: the worker leaves the server (or a database) alone
+extern int cleanup_delay_ms;    // the throttle's pause once its budget is spent
+extern int cleanup_cost_limit;  // the throttle's budget between two pauses
+extern char* databases;         // comma-separated list, empty = every database
+extern bool cleanup_worker;     // off: the worker leaves the server (or a database) alone
 
 }  // namespace idem::gucs

@@ -129,8 +129,7 @@ is($node->safe_psql('keep', q{
 # --- SIGINT: the launcher starts again and finds the workers still running ----------------
 # pg_cancel_backend() of the launcher makes it exit (code 1: the postmaster starts a new one
 # a second later) while its database workers run on. Database 'big' has 1,500,000 expired
-# keys and batches of a million: its worker's first batch takes seconds, and the pause after
-# a full batch (as long as the batch, up to a second) more. The new launcher serves the
+# keys and batches of a million: a batch of its worker takes seconds. The new launcher serves the
 # other databases at once but must not start a second worker for 'big' while the first runs:
 # the registry in shared memory tells it (the old launcher's handles are gone with it).
 $node->safe_psql('postgres', q{ALTER SYSTEM SET idempotency.cleanup_batch_size = 1000000});

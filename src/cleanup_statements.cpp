@@ -1,0 +1,227 @@
+// The statements of the cleanup (cleanup_statements.hpp).
+#include "cleanup_statements.hpp"
+
+#include <algorithm>
+
+#include "key_store.hpp"
+#include "pg_boundary.hpp"
+
+namespace idem::cleanup::statements {
+namespace {
+
+// $1 now, $2 batch size, $3 lower bound of expires_at. The inner SELECT walks the
+// expires_at index in order and locks rows without waiting; the DELETE then reaches the
+// locked rows by their ctid (a TID scan) and checks the expiry once more.
+std::string batch_sql(const std::string& table) {
+  return "WITH gone AS (DELETE FROM " + table +
+         " WHERE ctid OPERATOR(pg_catalog.=) ANY (ARRAY("
+         "SELECT ctid FROM " +
+         table +
+         " WHERE expires_at OPERATOR(pg_catalog.>=) $3"
+         " AND expires_at OPERATOR(pg_catalog.<=) $1"
+         " ORDER BY expires_at LIMIT $2 FOR UPDATE SKIP LOCKED))"
+         " AND expires_at OPERATOR(pg_catalog.<=) $1 RETURNING expires_at)"
+         " SELECT pg_catalog.count(*), pg_catalog.max(expires_at) FROM gone";
+}
+
+// Up to $3 keys in the blocks [$1, $2) whose owner names no role (dropped or renamed),
+// locked without waiting and deleted. The owner is the role's name, compared with
+// pg_authid.rolname; the range is read by a TID range scan.
+std::string orphans_sql(const std::string& table) {
+  const std::string orphan =
+      " NOT EXISTS (SELECT FROM pg_catalog.pg_authid a"
+      " WHERE a.rolname OPERATOR(pg_catalog.=) k.owner)";
+  return "WITH gone AS (DELETE FROM " + table +
+         " k WHERE ctid OPERATOR(pg_catalog.=) ANY (ARRAY(SELECT ctid FROM " + table +
+         " k WHERE ctid OPERATOR(pg_catalog.>=) $1 AND ctid OPERATOR(pg_catalog.<) $2 AND" +
+         orphan + " LIMIT $3 FOR UPDATE SKIP LOCKED)) AND" + orphan +
+         " RETURNING 1) SELECT pg_catalog.count(*) FROM gone";
+}
+
+enum PlanId { kBatch, kOrphans, kPlanCount };
+
+// Plans kept by the process for the relation they were made for (the table, or a Citus
+// shard; a new OID after DROP and CREATE EXTENSION makes them stale).
+struct PlanCache {
+  Oid relation = InvalidOid;
+  std::array<SPIPlanPtr, kPlanCount> plans{};
+};
+std::array<PlanCache, 4> caches;  // a few relations: a table, or the shards a node holds
+size_t next_cache = 0;
+
+SPIPlanPtr plan_for(Oid relation, PlanId id) {
+  PlanCache* cache = nullptr;
+  for (PlanCache& candidate : caches)
+    if (candidate.relation == relation) cache = &candidate;
+  if (cache == nullptr) {
+    cache = &caches[next_cache++ % caches.size()];
+    for (SPIPlanPtr& old : cache->plans) {
+      SPIPlanPtr freed = std::exchange(old, nullptr);
+      if (freed != nullptr) pg_call([&] { SPI_freeplan(freed); });
+    }
+    cache->relation = relation;
+  }
+  if (cache->plans[id] != nullptr) return cache->plans[id];
+  const std::string name = key_store::qualified_name(relation);
+  std::string sql;
+  std::vector<Oid> types;
+  if (id == kBatch) {
+    sql = batch_sql(name);
+    types = {TIMESTAMPTZOID, INT4OID, TIMESTAMPTZOID};
+  } else {
+    sql = orphans_sql(name);
+    types = {TIDOID, TIDOID, INT4OID};
+  }
+  SPIPlanPtr plan = pg_call([&] {
+    // Generic from the start: the shape (an index scan, or a TID range scan, under a LIMIT)
+    // is the right one whatever the values, and custom plans would be re-planned every batch.
+    return SPI_prepare_cursor(sql.c_str(), static_cast<int>(types.size()), types.data(),
+                              CURSOR_OPT_GENERIC_PLAN);
+  });
+  if (plan == nullptr)
+    throw Error(ERRCODE_INTERNAL_ERROR, "could not prepare a cleanup statement",
+                SPI_result_code_string(SPI_result));
+  pg_call([&] { SPI_keepplan(plan); });
+  cache->plans[id] = plan;
+  return plan;
+}
+
+// Runs a kept plan that returns one row of bigint (and timestamptz) columns; checks their
+// types, reads them and frees the result before returning.
+struct Row {
+  int64 count = 0;
+  bool has_time = false;
+  TimestampTz time = 0;
+};
+Row run_one_row(Oid relation, PlanId id, Datum* values, std::initializer_list<Oid> types) {
+  SPIPlanPtr plan = plan_for(relation, id);
+  int rc = pg_call([&] { return SPI_execute_plan(plan, values, nullptr, false, 0); });
+  SPITupleTable* table = SPI_tuptable;
+  const uint64 rows = SPI_processed;
+  Row row;
+  bool shaped = rc == SPI_OK_SELECT && rows == 1 && table != nullptr &&
+                table->tupdesc->natts == static_cast<int>(types.size());
+  int column = 0;
+  for (Oid type : types)
+    shaped = shaped && TupleDescAttr(table->tupdesc, column++)->atttypid == type;
+  if (shaped) {
+    bool is_null = false;
+    // The columns are checked above and by value: SPI_getbinval cannot raise on them.
+    Datum count = SPI_getbinval(table->vals[0], table->tupdesc, 1, &is_null);  // pg: see above
+    row.count = DatumGetInt64(count);
+    if (types.size() > 1) {
+      Datum time = SPI_getbinval(table->vals[0], table->tupdesc, 2, &is_null);  // pg: see above
+      row.has_time = !is_null;
+      row.time = is_null ? 0 : DatumGetTimestampTz(time);
+    }
+  }
+  if (table != nullptr) pg_call([&] { SPI_freetuptable(table); });
+  if (!shaped)
+    throw Error(ERRCODE_INTERNAL_ERROR, "a cleanup statement failed or returned unexpected rows",
+                SPI_result_code_string(rc));
+  return row;
+}
+
+}  // namespace
+
+// Under Citus, a distributed idempotency_keys is an empty shell: its rows live in shard
+// tables (idempotency_keys_<shardid>, same schema, same owner), and the node that holds a
+// shard's placement is where every call for its keys runs (the functions are delegated).
+// So each node cleans its own placements and no node touches the shell. Returns the
+// relations that hold keys on this node, in OID order (a pass walks them in that order
+// across rounds). Needs an open SPI connection.
+std::vector<Oid> key_relations(Oid table) {
+  const bool citus = pg_call(
+      [] { return OidIsValid(get_relname_relid("pg_dist_partition", PG_CATALOG_NAMESPACE)); });
+  if (!citus) return {table};
+  Oid types[] = {REGCLASSOID};
+  Datum values[] = {ObjectIdGetDatum(table)};
+  int rc = pg_call([&] {
+    return SPI_execute_with_args(
+        "SELECT s.shardid FROM pg_catalog.pg_dist_partition d"
+        " LEFT JOIN pg_catalog.pg_dist_shard s ON s.logicalrelid OPERATOR(pg_catalog.=) "
+        "d.logicalrelid"
+        " AND EXISTS (SELECT FROM pg_catalog.pg_dist_placement p"
+        " WHERE p.shardid OPERATOR(pg_catalog.=) s.shardid AND p.groupid OPERATOR(pg_catalog.=)"
+        " (SELECT groupid FROM pg_catalog.pg_dist_local_group))"
+        " WHERE d.logicalrelid OPERATOR(pg_catalog.=) $1",
+        1, types, values, nullptr, true, 0);
+  });
+  SPITupleTable* result = SPI_tuptable;
+  const uint64 rows = SPI_processed;
+  std::vector<int64> shards;
+  bool shaped = rc == SPI_OK_SELECT &&
+                (rows == 0 || (result->tupdesc->natts == 1 &&
+                               TupleDescAttr(result->tupdesc, 0)->atttypid == INT8OID));
+  for (uint64 i = 0; shaped && i < rows; ++i) {
+    bool is_null = false;
+    // The column is checked above and by value: SPI_getbinval cannot raise on it.
+    Datum shard = SPI_getbinval(result->vals[i], result->tupdesc, 1, &is_null);  // pg: see above
+    if (!is_null) shards.push_back(DatumGetInt64(shard));
+  }
+  if (result != nullptr) pg_call([&] { SPI_freetuptable(result); });
+  if (rc != SPI_OK_SELECT)
+    throw Error(ERRCODE_INTERNAL_ERROR, "could not read Citus' shard placements",
+                SPI_result_code_string(rc));
+  if (!shaped) throw Error(ERRCODE_DATATYPE_MISMATCH, "pg_dist_shard.shardid is not bigint");
+  if (rows == 0) return {table};  // not distributed: an ordinary table
+  std::vector<Oid> relations;
+  for (int64 shard : shards) {
+    const std::string name = "idempotency_keys_" + std::to_string(shard);
+    Oid relation = pg_call([&] {
+      Oid found = get_relname_relid(name.c_str(), get_rel_namespace(table));
+      // A placement of ours is created by Citus as the owner of the distributed table.
+      HeapTuple tuple =
+          OidIsValid(found) ? SearchSysCache1(RELOID, ObjectIdGetDatum(found)) : nullptr;
+      bool trusted = false;
+      if (HeapTupleIsValid(tuple)) {
+        trusted = superuser_arg(reinterpret_cast<Form_pg_class>(GETSTRUCT(tuple))->relowner);
+        ReleaseSysCache(tuple);
+      }
+      return trusted ? found : InvalidOid;
+    });
+    if (!OidIsValid(relation))
+      throw Error(ERRCODE_INSUFFICIENT_PRIVILEGE,
+                  "shard " + name + " of idempotency_keys is missing or not owned by a superuser");
+    relations.push_back(relation);
+  }
+  std::sort(relations.begin(), relations.end());
+  return relations;
+}
+
+Batch delete_expired(Oid table, TimestampTz now, TimestampTz from, int batch_size) {
+  const std::vector<Oid> relations = key_relations(table);
+  const bool sharded = !(relations.size() == 1 && relations[0] == table);
+  Batch batch;
+  batch.last_expiry = from;
+  for (Oid relation : relations) {
+    // Shards start from the beginning of their index each time: `from` is the table's.
+    Datum values[] = {TimestampTzGetDatum(now), Int32GetDatum(batch_size),
+                      TimestampTzGetDatum(sharded ? DT_NOBEGIN : from)};
+    Row row = run_one_row(relation, kBatch, values, {INT8OID, TIMESTAMPTZOID});
+    batch.deleted += static_cast<uint64>(row.count);
+    batch.full = batch.full || row.count >= batch_size;
+    if (!sharded && row.has_time) batch.last_expiry = row.time;
+  }
+  return batch;
+}
+
+uint64 delete_orphans_in(Oid relation, BlockNumber from, BlockNumber to, int limit) {
+  ItemPointerData low;
+  ItemPointerData high;
+  ItemPointerSet(&low, from, 0);
+  ItemPointerSet(&high, to, 0);
+  Datum values[] = {PointerGetDatum(&low), PointerGetDatum(&high), Int32GetDatum(limit)};
+  return static_cast<uint64>(run_one_row(relation, kOrphans, values, {INT8OID}).count);
+}
+
+BlockNumber relation_blocks(Oid relation) {
+  return pg_call([&] {
+    Relation open = relation_open(relation, AccessShareLock);
+    BlockNumber count = RelationGetNumberOfBlocks(open);
+    relation_close(open, AccessShareLock);
+    return count;
+  });
+}
+
+}  // namespace idem::cleanup::statements

@@ -1,0 +1,33 @@
+// The statements of the cleanup (cleanup.hpp): a batch of expired keys, the keys of dropped
+// roles in a range of heap blocks, and the relations that hold keys on this node (the table,
+// or its Citus shard placements). Their plans are kept by the process for the relation they
+// were made for. Each function needs an open SPI connection and runs as the extension owner
+// (cleanup.cpp's batch transaction provides both).
+#pragma once
+
+#include "pg.hpp"
+
+namespace idem::cleanup::statements {
+
+struct Batch {
+  uint64 deleted = 0;
+  bool full = false;                     // a relation gave batch_size rows: more may be left
+  TimestampTz last_expiry = DT_NOBEGIN;  // largest expires_at deleted; the next lower bound
+};
+
+// One batch of expired keys (from <= expires_at <= now) in every relation that holds keys
+// here.
+Batch delete_expired(Oid table, TimestampTz now, TimestampTz from, int batch_size);
+
+// Up to `limit` keys of dropped or renamed roles in the blocks [from, to) of `relation`;
+// returns how many were deleted.
+uint64 delete_orphans_in(Oid relation, BlockNumber from, BlockNumber to, int limit);
+
+// The relations that hold keys on this node, in OID order (a pass walks them in that order
+// across rounds).
+std::vector<Oid> key_relations(Oid table);
+
+// The number of heap blocks of `relation`.
+BlockNumber relation_blocks(Oid relation);
+
+}  // namespace idem::cleanup::statements

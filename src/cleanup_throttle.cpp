@@ -1,0 +1,109 @@
+// The pace of the cleanup's batches (cleanup_throttle.hpp).
+#include "cleanup_throttle.hpp"
+
+#include <algorithm>
+#include <cmath>
+
+#include "gucs.hpp"
+#include "pg_boundary.hpp"
+#include "worker_session.hpp"
+
+namespace idem::cleanup {
+namespace {
+
+// The longest pause after one batch (a batch far over the budget, or a large delay).
+constexpr int kMaxPauseMs = 1000;
+// How long a sign of other sessions' work counts.
+constexpr int64 kBusyHoldMs = 1000;
+// The cost of deleting one key before a batch has measured it: a lock and a deletion of a row
+// found by the index (a few buffers found), and a share of a dirtied heap page (about 32 keys
+// a page, vacuum_cost_page_dirty = 20).
+constexpr double kFirstCostPerKey = 4;
+
+}  // namespace
+
+int pause_ms(double cost, bool busy, int cost_limit, int delay_ms) {
+  if (!busy || delay_ms <= 0 || cost <= 0) return 0;
+  const double pause = static_cast<double>(delay_ms) * cost / std::max(cost_limit, 1);
+  return static_cast<int>(std::min<double>(std::ceil(pause), kMaxPauseMs));
+}
+
+int batch_rows(bool busy, int batch_size, int cost_limit, double cost_per_key) {
+  if (!busy) return batch_size;
+  const double per_key = cost_per_key > 0 ? cost_per_key : kFirstCostPerKey;
+  const double rows = std::floor(std::max(cost_limit, 1) / per_key);
+  return static_cast<int>(std::clamp<double>(rows, 1, batch_size));
+}
+
+Throttle::Throttle(pid_t requester)
+    : requester_(requester), next_xid_(ReadNextFullTransactionId()) {}
+
+int Throttle::start_batch(int batch_size) {
+  hits_ = pgBufferUsage.shared_blks_hit;
+  misses_ = pgBufferUsage.shared_blks_read;
+  dirtied_ = pgBufferUsage.shared_blks_dirtied;
+  // Nothing seen yet: sized as a busy batch, whose end tells.
+  const bool busy = !seen_ || GetCurrentTimestamp() < busy_until_;
+  return batch_rows(busy, batch_size, gucs::cleanup_cost_limit, cost_per_key_);
+}
+
+double Throttle::cost_since_start() const {
+  return static_cast<double>(pgBufferUsage.shared_blks_hit - hits_) * VacuumCostPageHit +
+         static_cast<double>(pgBufferUsage.shared_blks_read - misses_) * VacuumCostPageMiss +
+         static_cast<double>(pgBufferUsage.shared_blks_dirtied - dirtied_) * VacuumCostPageDirty;
+}
+
+// Looks at the other sessions (see the header); true while they count as working.
+bool Throttle::others_work() {
+  const FullTransactionId next = ReadNextFullTransactionId();
+  // Each batch since the last look took at most one transaction ID.
+  const bool wrote =
+      U64FromFullTransactionId(next) - U64FromFullTransactionId(next_xid_) > own_transactions_;
+  next_xid_ = next;
+  own_transactions_ = 0;
+  const bool running = pg_call([&] {
+    int count = 0;
+    // The backends of this database with a snapshot, other than this one and autovacuum's
+    // workers and vacuums (maintenance that paces itself, not the sessions' work).
+    VirtualTransactionId* snapshots = GetCurrentVirtualXIDs(
+        InvalidTransactionId, true, false, PROC_IS_AUTOVACUUM | PROC_IN_VACUUM, &count);
+    pfree(snapshots);
+    if (count > 0 && requester_ != 0) {
+      const PGPROC* proc = BackendPidGetProc(requester_);
+      if (proc != nullptr && TransactionIdIsValid(proc->xmin)) --count;
+    }
+    return count > 0;
+  });
+  const TimestampTz now = GetCurrentTimestamp();
+  if (wrote || running) busy_until_ = now + kBusyHoldMs * 1000;
+  seen_ = true;
+  return now < busy_until_;
+}
+
+void Throttle::pause_after_batch(uint64 deleted) {
+  const double cost = cost_since_start();
+  if (deleted > 0) cost_per_key_ = cost / static_cast<double>(deleted);
+  ++own_transactions_;
+  const bool busy = others_work();
+  const int delay_ms = pause_ms(cost, busy, gucs::cleanup_cost_limit, gucs::cleanup_delay_ms);
+  pg_call([&] {
+    ereport(DEBUG2, (errmsg_internal("idempotency cleanup: batch of " UINT64_FORMAT
+                                     " keys, cost %.0f, other sessions %s, pause %d ms",
+                                     deleted, cost, busy ? "working" : "idle", delay_ms)));
+    // The whole pause: a latch set for anything but a stop (a reload, a catch-up interrupt)
+    // does not shorten it.
+    const TimestampTz until = GetCurrentTimestamp() + int64{delay_ms} * 1000;
+    for (long left = delay_ms; left > 0 && !worker_session::stop_requested() && !InterruptPending;
+         left = static_cast<long>((until - GetCurrentTimestamp() + 999) / 1000)) {
+      (void)WaitLatch(MyLatch, WL_LATCH_SET | WL_TIMEOUT | WL_EXIT_ON_PM_DEATH, left,
+                      PG_WAIT_EXTENSION);
+      ResetLatch(MyLatch);
+    }
+  });
+  if (delay_ms > 0) {
+    ++pauses_;
+    paused_ms_ += delay_ms;
+  }
+}
+
+}  // namespace idem::cleanup

@@ -1,0 +1,136 @@
+# The cleanup's throttle (src/cleanup_throttle.hpp) decides as configured: checked from its
+# decisions, which it logs at DEBUG2 for every batch ("batch of N keys, cost C, other sessions
+# working|idle, pause P ms"), never from how fast the machine is. With
+# idempotency.cleanup_cost_limit = 400 and cleanup_delay = 20ms, for idempotency_cleanup(1000):
+#   - nobody else works (its own caller does not count): batches of 1000 keys without pause,
+#     but the first, sized before any look as a busy one (400 / 4 = 100 keys);
+#   - another session of the database holds a snapshot, or another database commits
+#     transactions: every batch is cut to what the budget buys at the last batch's cost per key,
+#     followed by a pause of 20 ms x cost / 400 (vacuum_delay_point's rule), and the call lasts
+#     at least as long as its pauses together (they are slept, whole).
+use strict;
+use warnings;
+use POSIX qw(floor ceil);
+use PostgreSQL::Test::Cluster;
+use PostgreSQL::Test::Utils;
+use Test::More;
+
+my ($limit, $delay, $batch) = (400, 20, 1000);
+my $node = PostgreSQL::Test::Cluster->new('cleanup_throttle');
+$node->init;
+$node->append_conf('postgresql.conf', qq{
+shared_preload_libraries = 'idempotency'
+idempotency.cleanup_cost_limit = $limit
+idempotency.cleanup_delay = '${delay}ms'
+log_min_messages = debug2
+# Nobody but the test's sessions holds a snapshot in its databases: no autovacuum (an ANALYZE
+# holds one), and the background worker serves only postgres.
+autovacuum = off
+idempotency.databases = 'postgres'
+});
+$node->start;
+$node->safe_psql('postgres', 'CREATE DATABASE app');
+$node->safe_psql('postgres', 'CREATE DATABASE other');
+# The calls below are the only deleters. A first call on the empty table makes the pass over
+# keys of dropped roles, which the calls below then skip.
+$node->safe_psql('app', q{
+  CREATE EXTENSION idempotency;
+  SELECT idempotency.idempotency_cleanup()});
+$node->safe_psql('other', 'CREATE TABLE writes (n int)');
+
+sub fill {
+  my ($n) = @_;
+  $node->safe_psql('app', qq{
+    INSERT INTO idempotency.idempotency_keys (key, owner, ttl, lease, created_at, expires_at, updated_at)
+    SELECT 'old' || g, current_user, '1 hour', '5 min', now() - interval '2 hours',
+           now() - interval '1 hour' + g * interval '1 us', now()
+      FROM generate_series(1, $n) g});
+}
+
+# Runs idempotency_cleanup($batch) on $n expired keys; returns its batches ([keys, cost, busy,
+# pause] each, in order) and its worker's summary (ms, pauses, paused ms).
+sub call {
+  my ($n) = @_;
+  fill($n);
+  my $offset = -s $node->logfile;
+  is($node->safe_psql('app', "SELECT idempotency.idempotency_cleanup($batch)"), $n, "the call deletes the $n keys");
+  my $log = slurp_file($node->logfile, $offset);
+  my @batches;
+  while ($log =~ /idempotency cleanup: batch of (\d+) keys, cost (\d+), other sessions (working|idle), pause (\d+) ms/g) {
+    push @batches, [ $1, $2, $3 eq 'working', $4 ];
+  }
+  my @summary = $log =~ /idempotency_cleanup\(\) of backend \d+: (\d+) ms, .* (\d+) pauses of (\d+) ms in all/;
+  return (\@batches, \@summary);
+}
+
+# The pause after a batch of cost $cost while others work, and the keys the next batch may take
+# after a batch of $keys keys that cost $cost (what the budget buys, at most $batch; the
+# division in floating point may land one below the exact one).
+sub pause_for { my ($cost) = @_; return $cost > 0 ? (ceil($delay * $cost / $limit) > 1000 ? 1000 : ceil($delay * $cost / $limit)) : 0; }
+sub rows_after {
+  my ($keys, $cost) = @_;
+  my $rows = $cost > 0 ? floor($limit * $keys / $cost) : $batch;
+  $rows = $batch if $rows > $batch;
+  return $rows < 1 ? 1 : $rows;
+}
+
+# Checks the decisions of a call made while others work.
+sub check_busy {
+  my ($what, $batches, $summary) = @_;
+  ok(@$batches >= 10, "$what: the call ran in many batches (" . scalar(@$batches) . ')');
+  is(scalar(grep { !$_->[2] } @$batches), 0, "$what: every batch saw the other sessions working");
+  my @wrong_pause = grep { $_->[3] != pause_for($_->[1]) } @$batches;
+  is(scalar(@wrong_pause), 0, "$what: every pause is $delay ms x cost / $limit")
+    or diag(explain(\@wrong_pause));
+  my @wrong_size;
+  for my $i (1 .. $#$batches - 1) {  # the last batch takes what is left
+    my ($keys, $cost) = @{ $batches->[$i - 1] };
+    my $rows = rows_after($keys, $cost);
+    push @wrong_size, [ $i, $batches->[$i][0], $rows ]
+      unless $batches->[$i][0] <= $rows && $batches->[$i][0] >= $rows - 1;
+  }
+  is(scalar(@wrong_size), 0, "$what: every batch is what the budget buys at the last cost per key")
+    or diag(explain(\@wrong_size));
+  ok($batches->[0][0] <= $limit, "$what: no batch of $batch keys (the first has $batches->[0][0])");
+  my ($ms, $pauses, $paused) = @$summary;
+  my $sum = 0;
+  $sum += $_->[3] for @$batches;
+  is($paused, $sum, "$what: the summary counts the pauses' $sum ms");
+  is($pauses, scalar(grep { $_->[3] > 0 } @$batches), "$what: and each pause");
+  cmp_ok($ms, '>=', $sum, "$what: the call took at least its pauses ($ms ms >= $sum ms)");
+}
+
+# --- nobody else works --------------------------------------------------------------------
+my ($batches, $summary) = call(20000);
+is($batches->[0][0], $limit / 4, 'idle: the first batch, before any look, is what the budget buys at 4 per key');
+is(scalar(grep { $_->[2] } @$batches), 0, 'idle: no batch saw other sessions working (the caller does not count)');
+is(scalar(grep { $_->[3] != 0 } @$batches), 0, 'idle: no pause');
+is(scalar(grep { $_->[0] != $batch } @$batches[ 1 .. $#$batches - 1 ]), 0, "idle: the others have $batch keys");
+is($summary->[1], 0, 'idle: the summary counts no pause');
+
+# --- another session of the database holds a snapshot -------------------------------------
+my $reader = $node->background_psql('app');
+$reader->query_safe('BEGIN ISOLATION LEVEL REPEATABLE READ');
+$reader->query_safe('SELECT count(*) FROM pg_class');
+check_busy('a snapshot held in the database', call(5000));
+$reader->query_safe('COMMIT');
+$reader->quit;
+
+# --- another database commits transactions ------------------------------------------------
+my $writer = $node->background_psql('other');
+$writer->query_until(qr/writing/, q{\echo writing
+DO $$
+BEGIN
+  FOR i IN 1 .. 1000000 LOOP
+    INSERT INTO writes VALUES (i);
+    COMMIT;
+    EXIT WHEN EXISTS (SELECT FROM pg_stat_activity WHERE application_name = 'stop writing');
+  END LOOP;
+END $$;
+});
+$node->poll_query_until('other', 'SELECT count(*) > 100 FROM writes') or diag('the writer wrote nothing');
+check_busy('transactions committed in another database', call(5000));
+$node->safe_psql('postgres', q{SET application_name = 'stop writing'; SELECT pg_sleep(0.5)});
+$writer->quit;
+
+done_testing();
