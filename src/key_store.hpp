@@ -26,8 +26,6 @@ class Session {
   // Where varlena values of the rows read are copied from now on (a batch empties a
   // context per element).
   void use_context(MemoryContext context) { caller_context_ = context; }
-  // Tells this transaction's own claim tokens (peek() on the executor path needs it).
-  void use_own_tokens(bool (*own_token)(const pg_uuid_t&)) { own_token_ = own_token; }
 
   // Closes the SPI connection; the destructor leaves an unfinished one to transaction
   // abort, which is the only way it is left unfinished.
@@ -86,7 +84,6 @@ class Session {
   uint64 execute_claim(int plan, text* scope, text* key, const ClaimValues& claim);
 
   MemoryContext caller_context_;
-  bool (*own_token_)(const pg_uuid_t&) = nullptr;
   Oid table_;
   caller::ActingAsOwner& acting_;
   bool connected_ = false;
