@@ -56,14 +56,13 @@ TimestampTz checkpoint(Session& store, const KeyName& name, const pg_uuid_t& tok
                        TimestampTz now);
 
 // Runs `work(store, installation)` on the installation of the calling function, as its owner
-// (caller.hpp), with a Session that knows this transaction's own claims.
+// (caller.hpp).
 template <typename Work>
 auto as_owner(FunctionCallInfo fcinfo, Work&& work) {
   const caller::Installation installation = caller::of_function(fcinfo->flinfo->fn_oid);
   caller::ActingAsOwner acting(installation,
                                caller::ActingAsOwner::SearchPath::kBeforeFirstStatement);
   Session store(installation.table, acting);
-  store.use_own_tokens(own_claims::is_own);
   auto result = work(static_cast<Session&>(store), installation);
   store.finish();
   return result;

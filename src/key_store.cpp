@@ -291,13 +291,12 @@ std::optional<KeyRow> Session::peek(text* owner, text* scope, text* key, bool* a
     // A snapshot transaction that waited, reading through the executor: it would never see
     // the holder's end, so where a version committed after its snapshot exists it gets 40001
     // (as the direct look raises it) instead of sleeping out its wait; the key is read again
-    // as of now. A first look answers as a SELECT would. A newer version that holds one of
-    // this transaction's own tokens is its own write, no conflict.
+    // as of now. A first look answers as a SELECT would. This transaction's own writes are no
+    // conflict and need no exception: both reads see them alike (same command id, and a
+    // version of the current transaction is judged by command id alone).
     if (fresh_snapshot && IsolationUsesXactSnapshot() && ActiveSnapshotSet()) {
       const std::optional<KeyRow> now = find_as_of_now(owner, scope, key);
-      const bool own =
-          now && now->lease_token && own_token_ != nullptr && own_token_(*now->lease_token);
-      if (!own && !same_version(row, now)) pg_call([&] { raise_committed_after_snapshot(key); });
+      if (!same_version(row, now)) pg_call([&] { raise_committed_after_snapshot(key); });
     }
     return row;
   }

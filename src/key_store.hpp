@@ -27,8 +27,6 @@ class Session {
   // Where varlena values of the rows read are copied from now on (a batch empties a
   // context per element).
   void use_context(MemoryContext context) { caller_context_ = context; }
-  // Tells this transaction's own claim tokens (peek() on the executor path needs it).
-  void use_own_tokens(bool (*own_token)(const pg_uuid_t&)) { own_token_ = own_token; }
 
   // Closes the SPI connection and the relations the direct path opened; the destructor
   // leaves an unfinished session to transaction abort, which is the only way it is left
@@ -88,7 +86,6 @@ class Session {
   uint64 execute_claim(int plan, text* scope, text* key, const ClaimValues& claim);
 
   MemoryContext caller_context_;
-  bool (*own_token_)(const pg_uuid_t&) = nullptr;
   Oid table_;
   key_heap::OpenTable open_table_;  // the direct path's relations, open for the whole call
   caller::ActingAsOwner& acting_;

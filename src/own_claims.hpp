@@ -24,9 +24,6 @@ void remember(const pg_uuid_t& token, const Interval& ttl, const key_store::RowA
 // The claim `token` of this transaction, or nullptr (not made here, rolled back, or not
 // remembered). Cannot raise.
 const OwnClaim* find(const pg_uuid_t& token);
-inline bool is_own(const pg_uuid_t& token) {
-  return find(token) != nullptr;
-}
 
 // Registers the transaction callbacks that forget the claims at transaction end and at a
 // subtransaction's rollback; called from _PG_init.

@@ -2,7 +2,7 @@
 # Builds a PostgreSQL server from a source tree, with everything the test suites use, for
 # the version matrix (test/matrix.sh): the server and its client programs, contrib
 # (amcheck, pg_walinspect, pgcrypto, ...), the isolation tester, the TAP Perl modules
-# (PostgreSQL::Test::Cluster), and pgTAP built for that server.
+# (PostgreSQL::Test::Cluster), the test module test_oat_hooks, and pgTAP built for that server.
 #
 #   test/build-postgres.sh SRC PREFIX [PGTAP_SRC]
 #
@@ -41,9 +41,12 @@ cd "$src"
   make -j"$jobs" world-bin
   make install-world-bin
   # Not part of install-world-bin: what PGXS's installcheck for isolation specs and the
-  # Perl TAP tests need.
+  # Perl TAP tests need, and test_oat_hooks (it sets the permission and object-access hooks,
+  # which send every read and write of a claim through the executor: TAP 045 uses it where
+  # pgaudit is not installed).
   make -C src/test/isolation install
   make -C src/test/perl install
+  make -C src/test/modules/test_oat_hooks install
 } >"$log" 2>&1 || {
   tail -40 "$log" >&2
   echo "error: the build of $src failed; the whole log is $log" >&2
