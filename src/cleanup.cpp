@@ -167,7 +167,10 @@ bool orphan_batch(Oid table, int batch_size, stats::OrphanPass& pass, uint64& de
     if (pass.block >= blocks) continue;
     pass.relation = *at;
     const BlockNumber end = pass.block + std::min(blocks_per_batch, blocks - pass.block);
-    deleted = statements::delete_orphans_in(*at, pass.block, end, batch_size);
+    const statements::Orphans orphans =
+        statements::delete_orphans_in(*at, pass.block, end, batch_size);
+    deleted = orphans.deleted;
+    pass.skipped_locked = pass.skipped_locked || orphans.skipped;
     // A full batch may have left more in the same blocks: they are read again.
     if (deleted < static_cast<uint64>(batch_size)) pass.block = end;
     return false;
@@ -184,7 +187,7 @@ bool delete_orphans(const Request& request, Oid table, TimestampTz started, Thro
   if (!stats::orphan_pass_due(database, table, generation)) return true;
   stats::OrphanPass pass = stats::orphan_pass_progress(database);
   if (!request.resume || pass.generation != generation || pass.table != table)
-    pass = {generation, table, InvalidOid, 0};
+    pass = {generation, table, InvalidOid, 0, false};
   for (;;) {
     const int rows = throttle.start_batch(request.batch_size);
     bool complete = false;
@@ -200,6 +203,14 @@ bool delete_orphans(const Request& request, Oid table, TimestampTz started, Thro
     if (step == Step::kNotInstalled) return false;  // dropped since the run started
     progress.deleted += deleted;
     stats::count(stats::kExpiredDeleted, deleted);
+    if (complete && pass.skipped_locked) {
+      // Keys of no role were locked by another transaction and skipped: the pass is due
+      // again, from the start, in the next round or call (a pass marked done would leave
+      // them until the next role change, and a role created under the old name would
+      // receive them).
+      stats::save_orphan_pass_progress(database, {generation, table, InvalidOid, 0, false});
+      return true;
+    }
     if (complete) {
       stats::finish_orphan_pass(database, table, generation);
       return true;

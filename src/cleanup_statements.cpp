@@ -26,16 +26,21 @@ std::string batch_sql(const std::string& table) {
 
 // Up to $3 keys in the blocks [$1, $2) whose owner names no role (dropped or renamed),
 // locked without waiting and deleted. The owner is the role's name, compared with
-// pg_authid.rolname; the range is read by a TID range scan.
+// pg_authid.rolname; the range is read by a TID range scan. Also counts the keys of no role
+// that the statement's snapshot sees in the range (the deleted ones among them): more than
+// were deleted, in a batch that was not full, means some were skipped, locked by another
+// transaction, and the pass must be made again.
 std::string orphans_sql(const std::string& table) {
   const std::string orphan =
       " NOT EXISTS (SELECT FROM pg_catalog.pg_authid a"
       " WHERE a.rolname OPERATOR(pg_catalog.=) k.owner)";
-  return "WITH gone AS (DELETE FROM " + table +
-         " k WHERE ctid OPERATOR(pg_catalog.=) ANY (ARRAY(SELECT ctid FROM " + table +
-         " k WHERE ctid OPERATOR(pg_catalog.>=) $1 AND ctid OPERATOR(pg_catalog.<) $2 AND" +
-         orphan + " LIMIT $3 FOR UPDATE SKIP LOCKED)) AND" + orphan +
-         " RETURNING 1) SELECT pg_catalog.count(*) FROM gone";
+  const std::string in_range =
+      " k WHERE ctid OPERATOR(pg_catalog.>=) $1 AND ctid OPERATOR(pg_catalog.<) $2 AND";
+  return "WITH gone AS (DELETE FROM " + table + " k WHERE ctid OPERATOR(pg_catalog.=) ANY " +
+         "(ARRAY(SELECT ctid FROM " + table + in_range + orphan +
+         " LIMIT $3 FOR UPDATE SKIP LOCKED)) AND" + orphan +
+         " RETURNING 1) SELECT pg_catalog.count(*), (SELECT pg_catalog.count(*) FROM " + table +
+         in_range + orphan + ") FROM gone";
 }
 
 enum PlanId { kBatch, kOrphans, kPlanCount };
@@ -91,7 +96,8 @@ SPIPlanPtr plan_for(Oid relation, PlanId id) {
 struct Row {
   int64 count = 0;
   bool has_time = false;
-  TimestampTz time = 0;
+  TimestampTz time = 0;    // a second column of type timestamptz
+  int64 second_count = 0;  // a second column of type bigint
 };
 Row run_one_row(Oid relation, PlanId id, Datum* values, std::initializer_list<Oid> types) {
   SPIPlanPtr plan = plan_for(relation, id);
@@ -110,9 +116,13 @@ Row run_one_row(Oid relation, PlanId id, Datum* values, std::initializer_list<Oi
     Datum count = SPI_getbinval(table->vals[0], table->tupdesc, 1, &is_null);  // pg: see above
     row.count = DatumGetInt64(count);
     if (types.size() > 1) {
-      Datum time = SPI_getbinval(table->vals[0], table->tupdesc, 2, &is_null);  // pg: see above
-      row.has_time = !is_null;
-      row.time = is_null ? 0 : DatumGetTimestampTz(time);
+      Datum second = SPI_getbinval(table->vals[0], table->tupdesc, 2, &is_null);  // pg: see above
+      if (*(types.begin() + 1) == INT8OID) {
+        row.second_count = is_null ? 0 : DatumGetInt64(second);
+      } else {
+        row.has_time = !is_null;
+        row.time = is_null ? 0 : DatumGetTimestampTz(second);
+      }
     }
   }
   if (table != nullptr) pg_call([&] { SPI_freetuptable(table); });
@@ -206,13 +216,18 @@ Batch delete_expired(Oid table, TimestampTz now, TimestampTz from, int batch_siz
   return batch;
 }
 
-uint64 delete_orphans_in(Oid relation, BlockNumber from, BlockNumber to, int limit) {
+Orphans delete_orphans_in(Oid relation, BlockNumber from, BlockNumber to, int limit) {
   ItemPointerData low;
   ItemPointerData high;
   ItemPointerSet(&low, from, 0);
   ItemPointerSet(&high, to, 0);
   Datum values[] = {PointerGetDatum(&low), PointerGetDatum(&high), Int32GetDatum(limit)};
-  return static_cast<uint64>(run_one_row(relation, kOrphans, values, {INT8OID}).count);
+  const Row row = run_one_row(relation, kOrphans, values, {INT8OID, INT8OID});
+  Orphans orphans;
+  orphans.deleted = static_cast<uint64>(row.count);
+  // A full batch leaves the rest to the next batch over the same blocks: nothing skipped yet.
+  orphans.skipped = row.count < limit && row.second_count > row.count;
+  return orphans;
 }
 
 BlockNumber relation_blocks(Oid relation) {

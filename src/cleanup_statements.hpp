@@ -19,9 +19,14 @@ struct Batch {
 // here.
 Batch delete_expired(Oid table, TimestampTz now, TimestampTz from, int batch_size);
 
-// Up to `limit` keys of dropped or renamed roles in the blocks [from, to) of `relation`;
-// returns how many were deleted.
-uint64 delete_orphans_in(Oid relation, BlockNumber from, BlockNumber to, int limit);
+// Up to `limit` keys of dropped or renamed roles in the blocks [from, to) of `relation`: how
+// many were deleted, and whether any was skipped, locked by another transaction (FOR UPDATE
+// SKIP LOCKED: the cleanup never waits), so that the pass is not complete.
+struct Orphans {
+  uint64 deleted = 0;
+  bool skipped = false;
+};
+Orphans delete_orphans_in(Oid relation, BlockNumber from, BlockNumber to, int limit);
 
 // The relations that hold keys on this node, in OID order (a pass walks them in that order
 // across rounds).

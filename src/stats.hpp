@@ -42,10 +42,11 @@ TimestampTz resume_point(Oid database);
 // generation (cleanup_shared.hpp) moved since the last complete pass over this database's
 // table, and may take several rounds: where it stands is kept here between them.
 struct OrphanPass {
-  uint64 generation = 0;      // the role generation the pass started at; 0: no pass under way
-  Oid table = InvalidOid;     // the key table it walks
-  Oid relation = InvalidOid;  // the relation (the table or a Citus shard) it has reached
-  BlockNumber block = 0;      // the next block to read in it
+  uint64 generation = 0;        // the role generation the pass started at; 0: no pass under way
+  Oid table = InvalidOid;       // the key table it walks
+  Oid relation = InvalidOid;    // the relation (the table or a Citus shard) it has reached
+  BlockNumber block = 0;        // the next block to read in it
+  bool skipped_locked = false;  // a key of no role was skipped (locked): not complete
 };
 // True when `database` needs a pass over `table` at role generation `generation`; always
 // true without shared memory or without a launcher.
