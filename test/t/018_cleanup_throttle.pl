@@ -118,6 +118,10 @@ $reader->quit;
 
 # --- another database commits transactions ------------------------------------------------
 my $writer = $node->background_psql('other');
+# Without waiting for a WAL flush per commit: on a loaded machine a flush can take longer
+# than a batch of the call, and a batch whose look comes before the writer's next commit
+# would see nobody at work (the writer must commit between any two looks).
+$writer->query_safe('SET synchronous_commit = off');
 $writer->query_until(qr/writing/, q{\echo writing
 DO $$
 BEGIN
