@@ -74,9 +74,22 @@ sub rows_after {
   return $rows < 1 ? 1 : $rows;
 }
 
-# Checks the decisions of a call made while others work.
+# Checks the decisions of a call made while others work. With $from_sign, the batches before
+# the first look that saw the others at work are left out (and their pauses, none, from the
+# summary): the sign of a writer in another database is a transaction ID it took between two
+# looks, and the first looks of a call come about a millisecond apart, when the scheduler of a
+# loaded machine may not have run the writer yet. From that look on, the sign holds a second,
+# and the writer keeps renewing it: every later batch must see it.
 sub check_busy {
-  my ($what, $batches, $summary) = @_;
+  my ($what, $all, $summary, $from_sign) = @_;
+  my $batches = $all;
+  if ($from_sign) {
+    my ($first) = grep { $all->[$_][2] } 0 .. $#$all;
+    ok(defined $first, "$what: a look saw the others at work");
+    $first //= 0;
+    diag("$what: $first batches before the first look that saw the writer") if $first > 0;
+    $batches = [ @$all[ $first .. $#$all ] ];
+  }
   ok(@$batches >= 10, "$what: the call ran in many batches (" . scalar(@$batches) . ')');
   is(scalar(grep { !$_->[2] } @$batches), 0, "$what: every batch saw the other sessions working");
   my @wrong_pause = grep { $_->[3] != pause_for($_->[1]) } @$batches;
@@ -91,7 +104,7 @@ sub check_busy {
   }
   is(scalar(@wrong_size), 0, "$what: every batch is what the budget buys at the last cost per key")
     or diag(explain(\@wrong_size));
-  ok($batches->[0][0] <= $limit, "$what: no batch of $batch keys (the first has $batches->[0][0])");
+  ok($all->[0][0] <= $limit, "$what: no batch of $batch keys (the first has $all->[0][0])");
   my ($ms, $pauses, $paused) = @$summary;
   my $sum = 0;
   $sum += $_->[3] for @$batches;
@@ -133,7 +146,7 @@ BEGIN
 END $$;
 });
 $node->poll_query_until('other', 'SELECT count(*) > 100 FROM writes') or diag('the writer wrote nothing');
-check_busy('transactions committed in another database', call(5000));
+check_busy('transactions committed in another database', call(5000), 1);
 $node->safe_psql('postgres', q{SET application_name = 'stop writing'; SELECT pg_sleep(0.5)});
 $writer->quit;
 
