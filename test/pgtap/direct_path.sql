@@ -13,18 +13,7 @@ CREATE EXTENSION pg_walinspect;
 
 SELECT plan(65);
 
--- Every B-Tree of idempotency_keys holds exactly the heap's live rows (amcheck verifies
--- each heap tuple against the index, so a missing entry fails it).
-CREATE FUNCTION indexes_whole() RETURNS boolean LANGUAGE plpgsql AS $$
-DECLARE
-  i regclass;
-BEGIN
-  FOR i IN SELECT indexrelid::regclass FROM pg_index WHERE indrelid = 'idempotency_keys'::regclass LOOP
-    PERFORM bt_index_check(i, true);
-  END LOOP;
-  RETURN true;
-END
-$$;
+\ir include/indexes_whole.sql
 
 -- Speculative-insertion confirmations (what INSERT .. ON CONFLICT writes for each new row)
 -- in the WAL flushed since `start`: the direct path writes none. Only claims insert into

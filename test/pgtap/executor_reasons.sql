@@ -14,18 +14,8 @@ CREATE EXTENSION amcheck;
 
 SELECT plan(23);
 
--- Every B-Tree of idempotency_keys holds exactly the heap's live rows (amcheck verifies each
--- heap tuple against the index, so a missing entry fails it).
-CREATE FUNCTION indexes_whole() RETURNS boolean LANGUAGE plpgsql AS $$
-DECLARE
-  i regclass;
-BEGIN
-  FOR i IN SELECT indexrelid::regclass FROM pg_index WHERE indrelid = 'idempotency_keys'::regclass LOOP
-    PERFORM bt_index_check(i, true);
-  END LOOP;
-  RETURN true;
-END
-$$;
+\ir include/indexes_whole.sql
+
 -- The key locks (advisory locks in pg_locks) that a claim of a new key `key` holds in its
 -- transaction: 1 on the executor path, 0 on the direct path. The claim is rolled back.
 CREATE FUNCTION key_locks_of_claim(key text) RETURNS int LANGUAGE plpgsql AS $$
