@@ -247,7 +247,7 @@ void on_load() {
 }
 
 Session::Session(Oid table, caller::ActingAsOwner& acting)
-    : caller_context_(CurrentMemoryContext), table_(table), open_table_(table), acting_(acting) {}
+    : caller_context_(CurrentMemoryContext), open_table_(table), acting_(acting) {}
 
 void Session::connect() {
   if (connected_) return;
@@ -260,7 +260,7 @@ void Session::connect() {
   });
   if (rc != SPI_OK_CONNECT) throw Error(ERRCODE_INTERNAL_ERROR, "SPI_connect failed");
   connected_ = true;
-  if (cache.table != table_) prepare_plans(table_);
+  if (cache.table != open_table_.oid()) prepare_plans(open_table_.oid());
 }
 
 uint64 Session::execute(int plan, Datum* values, const char* nulls, bool read_only, long limit) {

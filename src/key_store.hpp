@@ -86,8 +86,7 @@ class Session {
   uint64 execute_claim(int plan, text* scope, text* key, const ClaimValues& claim);
 
   MemoryContext caller_context_;
-  Oid table_;
-  key_heap::OpenTable open_table_;  // the direct path's relations, open for the whole call
+  key_heap::OpenTable open_table_;  // the table (its OID), and the direct path's relations
   caller::ActingAsOwner& acting_;
   bool connected_ = false;
   bool finished_ = false;
