@@ -17,7 +17,7 @@ int max_recovery_point_size = 1024;
 int cleanup_interval_ms = 60 * 1000;
 int cleanup_batch_size = 5000;
 int cleanup_delay_ms = 5;
-int cleanup_cost_limit = 2000;
+int cleanup_cost_limit = 200;
 char* databases = nullptr;
 bool executor_path = false;
 bool cleanup_worker = true;
@@ -57,7 +57,7 @@ void define_cleanup() {
       "Cost the cleanup spends between two pauses while other sessions work.",
       "Counted as vacuum counts it (vacuum_cost_page_hit, _miss, _dirty); a batch is cut to "
       "what it buys. Where nobody else works, the cleanup does not pause.",
-      &cleanup_cost_limit, 2000, 1, 10000, PGC_SIGHUP, 0, nullptr, nullptr, nullptr);
+      &cleanup_cost_limit, 200, 1, 10000, PGC_SIGHUP, 0, nullptr, nullptr, nullptr);
   DefineCustomStringVariable("idempotency.databases",
                              "Databases the cleanup worker serves (empty: every database).",
                              "A comma-separated list of database names.", &databases, "",
