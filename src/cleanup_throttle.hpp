@@ -10,16 +10,17 @@
 // then wait for those insertions (WALInsert), for WAL buffers to be recycled (WALBufMapping) and
 // for bigger writes (WALWrite). One batch of 5000 keys was a burst of about 10 ms of a core
 // and 1.3 MB of WAL, followed by a pause as long: a claim that came during a burst waited for
-// it. So while other sessions work, a batch is cut to what one budget buys (a
-// burst of a millisecond or so) and followed by a pause of cleanup_delay; on a server where
-// nobody else works, batches are batch_size keys and follow each other without pause.
+// it. So while other sessions work, a batch is cut to what one budget buys (at the default
+// limit of 200, about 50 keys: a tenth of a millisecond, below a claim's own p99) and followed
+// by a pause of cleanup_delay; on a server where nobody else works, batches are batch_size
+// keys and follow each other without pause.
 //
 // Other sessions work when, since the cleanup's last look, another transaction took a
 // transaction ID anywhere on the server (a write), or when, at the look, another backend of
 // the database holds a snapshot (a statement under way; neither the backend that waits for
 // idempotency_cleanup() nor autovacuum's workers and vacuums count). Either sign counts for
-// kBusyHoldMs: a stream of claims has gaps between its statements. The first batch of a run, before
-// anything was seen, is sized as a busy one.
+// kBusyHoldMs: a stream of claims has gaps between its statements. The first batch of a run,
+// before anything was seen, is sized as a busy one.
 #pragma once
 
 #include "pg.hpp"
