@@ -26,6 +26,7 @@ OBJS        = src/pg_boundary.o \
               src/responses.o \
               src/own_claims.o \
               src/claim_result.o \
+              src/result_scan.o \
               src/claim_protocol.o \
               src/sql_functions.o \
               src/batches.o \

@@ -1,6 +1,8 @@
 // Results as claim_result values (claim_result.hpp).
 #include "claim_result.hpp"
 
+#include "result_scan.hpp"
+
 namespace idem::claim_result {
 namespace {
 
@@ -96,6 +98,13 @@ void fill(const ClaimResult& result, Oid status_type, Datum* values, bool* nulls
 
 Datum as_datum(FunctionCallInfo fcinfo, const ClaimResult& result) {
   Oid type = claim_result_type(fcinfo);
+  // Called by our scan in FROM: the columns go straight into its row.
+  result_scan::DirectRow* row = result_scan::direct_row(fcinfo);
+  if (row != nullptr && row->columns == kResultFields) {
+    fill(result, result_type.status_type, row->values, row->nulls, row->storage);
+    row->filled = true;
+    return Datum(0);
+  }
   Datum values[kResultFields];
   bool nulls[kResultFields];
   ResultStorage storage;

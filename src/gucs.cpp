@@ -20,6 +20,7 @@ int cleanup_delay_ms = 5;
 int cleanup_cost_limit = 200;
 char* databases = nullptr;
 bool executor_path = false;
+bool result_scan = true;
 bool cleanup_worker = true;
 
 namespace {
@@ -119,6 +120,13 @@ void define() {
       "Route every claim through the executor (SPI) instead of the direct heap path; for tests "
       "and diagnosis.",
       nullptr, &executor_path, false, PGC_SUSET, 0, nullptr, nullptr, nullptr);
+  // Any role's switch: it only chooses between two plans that return the same rows.
+  DefineCustomBoolVariable(
+      "idempotency.result_scan",
+      "Run claim_key and complete_key in FROM with the extension's scan, which takes the "
+      "function's row as it is.",
+      "off: PostgreSQL's function scan, which copies the row through a tuplestore.", &result_scan,
+      true, PGC_USERSET, 0, nullptr, nullptr, nullptr);
   define_cleanup();
   MarkGUCPrefixReserved("idempotency");
 }

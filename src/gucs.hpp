@@ -24,6 +24,9 @@ constexpr int kKeyLengthCeiling = 1024;
 // idempotency.executor_path: every claim through the executor (route::direct_path()).
 extern bool executor_path;
 
+// idempotency.result_scan: claim_key / complete_key in FROM run by our scan (result_scan.hpp).
+extern bool result_scan;
+
 // Read by the cleanup worker.
 extern int cleanup_interval_ms;
 extern int cleanup_batch_size;

@@ -9,6 +9,7 @@
 #include "key_store.hpp"
 #include "key_wait.hpp"
 #include "pg_boundary.hpp"
+#include "result_scan.hpp"
 #include "stats.hpp"
 
 extern "C" {
@@ -23,6 +24,7 @@ void _PG_init(void) {
   idem::key_store::on_load();
   idem::citus_guard::install_if_citus();
   idem::key_wait::on_load();
+  idem::result_scan::on_load();
   // Shared memory and the background worker exist only when the postmaster loads us.
   if (process_shared_preload_libraries_in_progress) {
     idem::stats::install_shared_memory_hooks();
