@@ -1,0 +1,207 @@
+-- pgTAP: claim_key and complete_key in FROM run by the extension's scan (src/result_scan.cpp)
+-- answer what PostgreSQL's function scan answers, and the scan does the function scan's duties:
+-- the EXECUTE privilege, the function statistics, strictness, one call per set of arguments
+-- (again for each outer row of a LATERAL call, not again when a join rescans it unchanged), a
+-- scrollable cursor, a plan that outlives the extension. Every case that the scan leaves to
+-- the function scan (a whole-row reference, ORDINALITY, a function wrapped by SET) keeps it.
+-- Run by test/run.sh in a fresh database with pgtap and idempotency installed.
+\set ON_ERROR_STOP 1
+\pset format unaligned
+\pset tuples_only on
+SET client_min_messages = warning;
+
+SELECT plan(30);
+
+-- The plan's scan of `query`: 'ours', 'function scan' or 'other'.
+CREATE FUNCTION scan_of(query text) RETURNS text LANGUAGE plpgsql AS $$
+DECLARE
+  line text;
+  found text := 'other';
+BEGIN
+  FOR line IN EXECUTE 'EXPLAIN (COSTS OFF) ' || query LOOP
+    IF line LIKE '%Custom Scan (idempotency function)%' THEN found := 'ours';
+    ELSIF line LIKE '%Function Scan on claim_key%' OR line LIKE '%Function Scan on complete_key%'
+    THEN found := 'function scan';
+    END IF;
+  END LOOP;
+  RETURN found;
+END
+$$;
+
+-- What a claim of `key` answers, without what differs from call to call (token, times).
+-- Planned at each call (EXECUTE), with the scan that idempotency.result_scan chooses then.
+-- The token, if any, is left in the setting test.token.
+CREATE FUNCTION answer_of(key text, fingerprint bytea DEFAULT NULL) RETURNS text LANGUAGE plpgsql AS $$
+DECLARE
+  answer text;
+  token uuid;
+BEGIN
+  EXECUTE $q$SELECT concat_ws(' ', status, response, response_code, encode(c.fingerprint, 'hex'),
+                               attempts, token IS NOT NULL, retry_after IS NOT NULL,
+                               expires_at > created_at), token
+               FROM idempotency.claim_key($1, $2) c$q$
+    INTO answer, token USING key, fingerprint;
+  PERFORM set_config('test.token', coalesce(token::text, ''), false);
+  RETURN answer;
+END
+$$;
+
+SELECT is(scan_of($$SELECT status FROM idempotency.claim_key('k')$$), 'ours',
+          'a claim in FROM: our scan');
+SELECT is(scan_of($$SELECT * FROM idempotency.complete_key('k', gen_random_uuid(), '{}')$$), 'ours',
+          'a completion in FROM: our scan');
+SET idempotency.result_scan = off;
+SELECT is(scan_of($$SELECT status FROM idempotency.claim_key('k')$$), 'function scan',
+          'idempotency.result_scan = off: the function scan');
+RESET idempotency.result_scan;
+SELECT is(scan_of($$SELECT c FROM idempotency.claim_key('k') c$$), 'function scan',
+          'the row as a whole: the function scan');
+SELECT is(scan_of($$SELECT * FROM idempotency.claim_key('k') WITH ORDINALITY$$), 'function scan',
+          'WITH ORDINALITY: the function scan');
+
+-- Every answer, on both scans: claimed, replay, mismatch, in_progress, and a completion.
+CREATE TABLE answers (scan text, step text, answer text);
+DO $$
+DECLARE
+  mode text;
+BEGIN
+  FOREACH mode IN ARRAY ARRAY['on', 'off'] LOOP
+    PERFORM set_config('idempotency.result_scan', mode, true);
+    INSERT INTO answers VALUES (mode, 'claimed', answer_of(mode || '-done', '\x01'));
+    EXECUTE $q$INSERT INTO answers
+                 SELECT $1, 'completed', concat_ws(' ', status, response, response_code, attempts)
+                   FROM idempotency.complete_key($1 || '-done', $2, '{"paid": 1}', 201)$q$
+      USING mode, current_setting('test.token')::uuid;
+    INSERT INTO answers VALUES (mode, 'replay', answer_of(mode || '-done', '\x01'));
+    INSERT INTO answers VALUES (mode, 'mismatch', answer_of(mode || '-done', '\x02'));
+    INSERT INTO answers VALUES (mode, 'claimed-open', answer_of(mode || '-open'));
+  END LOOP;
+END
+$$;
+-- in_progress needs a holder in another transaction: the claims above are this one's. A
+-- claim committed by this transaction holds its key for the next.
+SELECT is((SELECT answer FROM answers WHERE scan = 'on' AND step = 'claimed'), 'claimed 01 1 t f t',
+          'a new key: claimed, attempts 1, a token, an expiry');
+SELECT is((SELECT answer FROM answers WHERE scan = 'on' AND step = 'completed'),
+          'replay {"paid": 1} 201 1', 'complete_key: the stored answer');
+SELECT is((SELECT answer FROM answers WHERE scan = 'on' AND step = 'replay'),
+          'replay {"paid": 1} 201 01 1 f f t', 'a replay: the response, no token');
+SELECT is((SELECT answer FROM answers WHERE scan = 'on' AND step = 'mismatch'), 'mismatch 01 1 f f t',
+          'a mismatch: the stored fingerprint, no response');
+SELECT is((SELECT count(*) FROM answers a JOIN answers b USING (step)
+            WHERE a.scan = 'on' AND b.scan = 'off' AND a.answer = b.answer), 5::bigint,
+          'the function scan answers the same, step by step');
+SELECT is(answer_of('on-open'), 'in_progress f t', 'in_progress: retry_after, no token (our scan)');
+SET idempotency.result_scan = off;
+SELECT is(answer_of('off-open'), 'in_progress f t', 'in_progress: the same on the function scan');
+RESET idempotency.result_scan;
+
+-- Quals and projections on the answer.
+SELECT is((SELECT count(*) FROM idempotency.claim_key('on-done') c WHERE c.status = 'replay'),
+          1::bigint, 'a qual on the answer that holds: the row');
+SELECT is((SELECT count(*) FROM idempotency.claim_key('on-done') c WHERE c.status = 'claimed'),
+          0::bigint, 'a qual that does not: no row');
+SELECT is((SELECT response->>'paid' FROM idempotency.claim_key('on-done')), '1',
+          'an expression over a column');
+
+-- LATERAL: one call per outer row, in order; the second 'l1' sees the first one's claim.
+SELECT is((SELECT string_agg(v.k || ':' || c.status, ' ' ORDER BY v.n)
+             FROM (VALUES (1, 'l1'), (2, 'l2'), (3, 'l1')) v(n, k),
+                  LATERAL idempotency.claim_key(v.k) c),
+          'l1:claimed l2:claimed l1:in_progress', 'LATERAL: one call per outer row');
+
+-- An inner side that the join rescans with the same arguments: one call, the same answer for
+-- every outer row (a second call would answer in_progress).
+SET enable_material = off;
+SELECT is(scan_of($$SELECT * FROM generate_series(1, 3) g LEFT JOIN idempotency.claim_key('rescanned') c ON g > 0$$),
+          'ours', 'the inner side of a nested loop: our scan');
+SELECT is((SELECT string_agg(c.status || ' ' || c.attempts, ', ')
+             FROM generate_series(1, 3) g LEFT JOIN idempotency.claim_key('rescanned') c ON g > 0),
+          'claimed 1, claimed 1, claimed 1', 'rescanned unchanged: one call, its answer three times');
+RESET enable_material;
+
+-- A scrollable cursor reads the same row back and forth.
+BEGIN;
+DECLARE scrolled SCROLL CURSOR FOR SELECT status FROM idempotency.claim_key('scrolled');
+MOVE NEXT IN scrolled;
+MOVE PRIOR IN scrolled;
+MOVE ABSOLUTE 1 IN scrolled;
+MOVE BACKWARD ALL IN scrolled;
+MOVE FORWARD ALL IN scrolled;
+SELECT is((SELECT attempts FROM idempotency.idempotency_keys WHERE key = 'scrolled'), 1,
+          'a scrollable cursor moved back and forth: one claim');
+CLOSE scrolled;
+COMMIT;
+
+-- The function statistics count each call (track_functions = all), as for the function scan.
+BEGIN;
+SET LOCAL track_functions = 'all';
+DO $$BEGIN
+  PERFORM status FROM idempotency.claim_key('counted-1');
+  PERFORM status FROM idempotency.claim_key('counted-2');
+END$$;
+SELECT is(pg_stat_get_xact_function_calls('idempotency.claim_key(text, bytea, text, interval, interval, interval)'::regprocedure),
+          2::bigint, 'track_functions: two calls counted');
+ROLLBACK;
+
+-- A strict function given a NULL answers a row of NULLs without being called, as the function
+-- scan does.
+BEGIN;
+ALTER FUNCTION idempotency.claim_key(text, bytea, text, interval, interval, interval) STRICT;
+SELECT is((SELECT count(*) FROM idempotency.claim_key(NULL) c WHERE c.status IS NULL), 1::bigint,
+          'STRICT and a NULL key: one row of NULLs (our scan)');
+SET LOCAL idempotency.result_scan = off;
+SELECT is((SELECT count(*) FROM idempotency.claim_key(NULL) c WHERE c.status IS NULL), 1::bigint,
+          'the same on the function scan');
+ROLLBACK;
+
+-- A function run through a wrapper (SET, SECURITY DEFINER, an fmgr hook) keeps the function
+-- scan: the wrapper's duties are fmgr's.
+BEGIN;
+ALTER FUNCTION idempotency.claim_key(text, bytea, text, interval, interval, interval)
+  SET search_path = pg_catalog;
+SELECT is(scan_of($$SELECT status FROM idempotency.claim_key('k')$$), 'function scan',
+          'claim_key with a SET clause: the function scan');
+ROLLBACK;
+
+-- The EXECUTE privilege is checked at each execution, also of a plan made before a REVOKE.
+CREATE ROLE result_scan_app;
+GRANT USAGE ON SCHEMA idempotency TO result_scan_app;
+SET ROLE result_scan_app;
+PREPARE planned_claim(text) AS SELECT status FROM idempotency.claim_key($1);
+SELECT is((SELECT status::text FROM idempotency.claim_key('app-1')), 'claimed',
+          'a role with EXECUTE claims');
+RESET ROLE;
+REVOKE EXECUTE ON FUNCTION idempotency.claim_key(text, bytea, text, interval, interval, interval)
+  FROM PUBLIC;
+SET ROLE result_scan_app;
+SELECT throws_ok($$SELECT status FROM idempotency.claim_key('app-2')$$, '42501', NULL,
+                 'without EXECUTE: 42501');
+SELECT throws_ok($$EXECUTE planned_claim('app-3')$$, '42501', NULL,
+                 'without EXECUTE, a statement prepared before: 42501');
+RESET ROLE;
+SELECT is((SELECT count(*) FROM idempotency.idempotency_keys WHERE key IN ('app-2', 'app-3')),
+          0::bigint, 'and no key stored');
+GRANT EXECUTE ON FUNCTION idempotency.claim_key(text, bytea, text, interval, interval, interval)
+  TO PUBLIC;
+DEALLOCATE planned_claim;
+
+-- An error of the function comes out unchanged.
+SELECT throws_ok($$SELECT status FROM idempotency.claim_key('')$$, '22023', NULL,
+                 'an empty key: 22023 through our scan');
+SELECT throws_ok($$SELECT status FROM idempotency.complete_key('on-open', gen_random_uuid(), '{}')$$,
+                 '55000', NULL, 'a wrong token: 55000 through our scan');
+
+-- A generic plan outlives DROP and CREATE EXTENSION: the plan depends on the function.
+SET plan_cache_mode = force_generic_plan;
+PREPARE generic_claim(text) AS SELECT status::text FROM idempotency.claim_key($1);
+DROP TABLE answers;
+CREATE TEMP TABLE generic_before AS EXECUTE generic_claim('generic-1');
+DROP EXTENSION idempotency;
+CREATE EXTENSION idempotency;
+CREATE TEMP TABLE generic_answer AS EXECUTE generic_claim('generic-2');
+SELECT is((SELECT status FROM generic_answer), 'claimed',
+          'a generic plan after DROP / CREATE EXTENSION: planned again, claims');
+RESET plan_cache_mode;
+
+SELECT * FROM finish();
