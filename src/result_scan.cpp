@@ -84,16 +84,19 @@ FuncExpr* our_call(PlannerInfo* root, RelOptInfo* rel, Index rti, RangeTblEntry*
 List* needed_columns(RelOptInfo* rel, bool* whole_row) {
   Bitmapset* attributes = nullptr;
   pull_varattnos(reinterpret_cast<Node*>(rel->reltarget->exprs), rel->relid, &attributes);
+  // The clauses are RestrictInfos, which the expression walker does not enter.
+  auto add_clauses = [&](List* clauses) {
+    ListCell* cell = nullptr;
+    foreach (cell, clauses) {
+      pull_varattnos(reinterpret_cast<Node*>(lfirst_node(RestrictInfo, cell)->clause), rel->relid,
+                     &attributes);
+    }
+  };
+  add_clauses(rel->baserestrictinfo);
   ListCell* cell = nullptr;
-  foreach (cell, rel->baserestrictinfo) {
-    pull_varattnos(reinterpret_cast<Node*>(lfirst_node(RestrictInfo, cell)->clause), rel->relid,
-                   &attributes);
-  }
   foreach (cell, rel->pathlist) {
     auto* path = static_cast<Path*>(lfirst(cell));
-    if (path->param_info != nullptr)
-      pull_varattnos(reinterpret_cast<Node*>(path->param_info->ppi_clauses), rel->relid,
-                     &attributes);
+    if (path->param_info != nullptr) add_clauses(path->param_info->ppi_clauses);
   }
   *whole_row = false;
   List* columns = NIL;

@@ -10,7 +10,7 @@
 \pset tuples_only on
 SET client_min_messages = warning;
 
-SELECT plan(30);
+SELECT plan(31);
 
 -- The plan's scan of `query`: 'ours', 'function scan' or 'other'.
 CREATE FUNCTION scan_of(query text) RETURNS text LANGUAGE plpgsql AS $$
@@ -109,6 +109,12 @@ SELECT is((SELECT string_agg(v.k || ':' || c.status, ' ' ORDER BY v.n)
              FROM (VALUES (1, 'l1'), (2, 'l2'), (3, 'l1')) v(n, k),
                   LATERAL idempotency.claim_key(v.k) c),
           'l1:claimed l2:claimed l1:in_progress', 'LATERAL: one call per outer row');
+
+-- A join clause over the answer and the outer row, which the LATERAL scan applies itself.
+SELECT is((SELECT string_agg(v.k, ' ')
+             FROM (VALUES ('on-done'), ('lateral-new')) v(k), LATERAL idempotency.claim_key(v.k) c
+            WHERE c.status = 'replay' AND (c.response->>'paid')::int = length(v.k) - 6),
+          'on-done', 'LATERAL with a clause joining the answer to the outer row');
 
 -- An inner side that the join rescans with the same arguments: one call, the same answer for
 -- every outer row (a second call would answer in_progress).
