@@ -151,16 +151,19 @@ SELECT is(pg_stat_get_xact_function_calls('idempotency.claim_key(text, bytea, te
 ROLLBACK;
 
 -- A strict function given a NULL answers a row of NULLs without being called, as the function
--- scan does. (The NULL comes from a row: the planner folds a strict call of a NULL constant.)
+-- scan does. (The NULL keys come from rows and every other argument is given: the planner
+-- folds a strict call with a NULL constant, a default NULL fingerprint included.)
 BEGIN;
 ALTER FUNCTION idempotency.claim_key(text, bytea, text, interval, interval, interval) STRICT;
-SELECT is(scan_of($$SELECT * FROM (VALUES (NULL::text)) v(k), LATERAL idempotency.claim_key(v.k) c$$),
+SELECT is(scan_of($$SELECT * FROM (VALUES (NULL::text), (NULL)) v(k), LATERAL idempotency.claim_key(v.k, '\x01', '', '1 hour', '1 min', '0') c$$),
           'ours', 'STRICT, the key from a row: our scan');
-SELECT is((SELECT count(*) FROM (VALUES (NULL::text)) v(k), LATERAL idempotency.claim_key(v.k) c
-            WHERE c.status IS NULL), 1::bigint, 'STRICT and a NULL key: one row of NULLs (our scan)');
+SELECT is((SELECT count(*) FROM (VALUES (NULL::text), (NULL)) v(k),
+                  LATERAL idempotency.claim_key(v.k, '\x01', '', '1 hour', '1 min', '0') c
+            WHERE c.status IS NULL), 2::bigint, 'STRICT and a NULL key: a row of NULLs (our scan)');
 SET LOCAL idempotency.result_scan = off;
-SELECT is((SELECT count(*) FROM (VALUES (NULL::text)) v(k), LATERAL idempotency.claim_key(v.k) c
-            WHERE c.status IS NULL), 1::bigint, 'the same on the function scan');
+SELECT is((SELECT count(*) FROM (VALUES (NULL::text), (NULL)) v(k),
+                  LATERAL idempotency.claim_key(v.k, '\x01', '', '1 hour', '1 min', '0') c
+            WHERE c.status IS NULL), 2::bigint, 'the same on the function scan');
 ROLLBACK;
 
 -- A function run through a wrapper (SET, SECURITY DEFINER, an fmgr hook) keeps the function
