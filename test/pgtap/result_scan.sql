@@ -10,7 +10,7 @@
 \pset tuples_only on
 SET client_min_messages = warning;
 
-SELECT plan(32);
+SELECT plan(34);
 
 -- The plan's scan of `query`: 'ours', 'function scan' or 'other'.
 CREATE FUNCTION scan_of(query text) RETURNS text LANGUAGE plpgsql AS $$
@@ -58,6 +58,11 @@ SELECT is(scan_of($$SELECT c FROM idempotency.claim_key('k') c$$), 'function sca
           'the row as a whole: the function scan');
 SELECT is(scan_of($$SELECT * FROM idempotency.claim_key('k') WITH ORDINALITY$$), 'function scan',
           'WITH ORDINALITY: the function scan');
+CREATE TABLE orders (id int);
+SELECT is(scan_of($$SELECT o.id, c.status FROM orders o, idempotency.claim_key('k') c FOR UPDATE OF o$$),
+          'function scan', 'FOR UPDATE (a recheck copies the answer''s whole row): the function scan');
+SELECT is(scan_of($$UPDATE orders SET id = 2 FROM idempotency.claim_key('k') c WHERE c.status = 'claimed'$$),
+          'function scan', 'UPDATE ... FROM: the function scan');
 
 -- Every answer, on both scans: claimed, replay, mismatch, in_progress, and a completion.
 CREATE TABLE answers (scan text, step text, answer text);
