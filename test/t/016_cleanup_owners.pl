@@ -106,6 +106,20 @@ sub measure_call {
   return [ $deleted, $growth, $ms, \@lines, \@peaks ];
 }
 
+# Waits for the rounds that the last role change made due and returns their lines: until a
+# round makes no pass. A pass that met keys of an INSERT not yet committed skipped them and is
+# made again in the next round (cleanup.cpp), as often as a round overlaps the INSERT, and a
+# pass that overlaps an INSERT is slowed by the throttle (another session works): how many
+# rounds that takes depends on the machine, not on the code under test.
+sub settle {
+  my @rounds = next_rounds(1);
+  for (1 .. 50) {
+    last if $rounds[-1][2] eq 'no';
+    push @rounds, next_rounds(1);
+  }
+  return @rounds;
+}
+
 sub mb { return sprintf('%.2f MB', $_[0] / 1024 / 1024); }
 
 # --- 100 owners --------------------------------------------------------------------------
@@ -114,7 +128,7 @@ $node->safe_psql('postgres', q{
     FOR i IN 1 .. 100 LOOP EXECUTE format('CREATE ROLE %I', 'own' || i); END LOOP;
   END $$});
 add_keys(1, 100);
-next_rounds(2);    # the pass that the CREATE ROLEs made due, and one more
+settle();    # the pass that the CREATE ROLEs made due
 my @few = grep { $_->[2] eq 'no' } next_rounds(5);
 cmp_ok(scalar(@few), '>=', 5, 'rounds with 100 owners and no role changed make no pass');
 my $few_memory = max(map { $_->[3] } @few);
@@ -133,7 +147,7 @@ is($node->safe_psql('app', 'SELECT count(DISTINCT owner) FROM idempotency.idempo
 ok($node->poll_query_until('app', qq{
     SELECT orphan_passes > $passes FROM idempotency.idempotency_stats WHERE datname = 'app'}),
   'the CREATE ROLEs made one pass due');
-my @settled = next_rounds(2);
+my @settled = settle();
 diag('right after the pass: ' . describe(@settled));
 $passes = stat_of('orphan_passes');
 my @many = next_rounds(5);
