@@ -69,11 +69,7 @@ bool untrusted_creator(Oid schema, Acl* acl, Oid* creator) {
   for (int i = 0; i < count; ++i) {
     const Oid role = roles[i];
     if (!superuser_arg(role)) {
-#if PG_VERSION_NUM >= 160000
-      const AclResult result = object_aclcheck(NamespaceRelationId, schema, role, ACL_CREATE);
-#else
-      const AclResult result = pg_namespace_aclcheck(schema, role, ACL_CREATE);
-#endif
+      const AclResult result = object_acl(NamespaceRelationId, schema, role, ACL_CREATE);
       if (result == ACLCHECK_OK) {
         *creator = role;
         return true;

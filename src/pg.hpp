@@ -129,4 +129,15 @@ using SyscacheId = SysCacheIdentifier;
 #else
 using SyscacheId = int;
 #endif
+
+// The ACL check of a schema or a function, as PostgreSQL 16's object_aclcheck; 15 has one
+// function per catalog. May raise (a catalog lookup): call it inside pg_call or a pg-frame.
+inline AclResult object_acl(Oid catalog, Oid object, Oid role, AclMode mode) {
+#if PG_VERSION_NUM >= 160000
+  return object_aclcheck(catalog, object, role, mode);
+#else
+  return catalog == ProcedureRelationId ? pg_proc_aclcheck(object, role, mode)
+                                        : pg_namespace_aclcheck(object, role, mode);
+#endif
+}
 }  // namespace idem

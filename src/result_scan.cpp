@@ -189,11 +189,7 @@ Node* create_scan_state(CustomScan* /*plan*/) {
 
 // pg-frame: executor. What ExecInitFunc checks before a function runs.
 void check_execute(Oid function) {
-#if PG_VERSION_NUM >= 160000
-  const AclResult result = object_aclcheck(ProcedureRelationId, function, GetUserId(), ACL_EXECUTE);
-#else
-  const AclResult result = pg_proc_aclcheck(function, GetUserId(), ACL_EXECUTE);
-#endif
+  const AclResult result = object_acl(ProcedureRelationId, function, GetUserId(), ACL_EXECUTE);
   if (result != ACLCHECK_OK) aclcheck_error(result, OBJECT_FUNCTION, get_func_name(function));
   InvokeFunctionExecuteHook(function);
 }

@@ -24,11 +24,7 @@ Datum sql_guard_schema(FunctionCallInfo fcinfo) {
   // ALTER ... SET SCHEMA and RENAME too); without it, this command touched nothing there.
   const bool may_create = pg_call([&] {
     if (superuser()) return false;
-#if PG_VERSION_NUM >= 160000
-    return object_aclcheck(NamespaceRelationId, schema, GetUserId(), ACL_CREATE) == ACLCHECK_OK;
-#else
-    return pg_namespace_aclcheck(schema, GetUserId(), ACL_CREATE) == ACLCHECK_OK;
-#endif
+    return object_acl(NamespaceRelationId, schema, GetUserId(), ACL_CREATE) == ACLCHECK_OK;
   });
   if (!may_create) return PointerGetDatum(nullptr);
   // What the command made, as the event trigger manager collected it (each name qualified:
