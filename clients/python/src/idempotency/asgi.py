@@ -32,7 +32,7 @@ class IdempotencyMiddleware:
             await self.app(scope, receive, send)
             return
         method = scope["method"].upper()
-        if self.serve_policy and method == "GET" and scope["path"] == self.engine.config.policy_url:
+        if self.serve_policy and method == "GET" and scope["path"] == self.engine.config.policy_path:
             await _send(send, self.engine.policy_response())
             return
         if not self.engine.applies_to(method):

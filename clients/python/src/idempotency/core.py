@@ -17,6 +17,7 @@ import math
 import os
 import queue
 import threading
+import urllib.parse
 import uuid
 from contextlib import asynccontextmanager, contextmanager
 from typing import Any, AsyncIterator, Callable, Dict, Iterator, List, Mapping, Optional, Sequence, Tuple, Union
@@ -139,6 +140,11 @@ class Config:
             kw["ttl_seconds"] = int(env["IDEM_TTL_SECONDS"])
         kw.update(overrides)
         return cls(**kw)
+
+    @property
+    def policy_path(self) -> str:
+        """Where the adapters serve the policy document: the path of policy_url."""
+        return urllib.parse.urlsplit(self.policy_url).path or "/idempotency-policy"
 
     def policy(self) -> Dict[str, Any]:
         """The published key policy (serve it at policy_url)."""

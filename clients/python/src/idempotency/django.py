@@ -27,10 +27,12 @@ _lock = threading.Lock()
 def engine() -> Idempotency:
     """The process's engine, made once from settings.IDEMPOTENCY."""
     global _engine
+    conf = getattr(settings, "IDEMPOTENCY", {})
+    if conf.get("ENGINE") is not None:
+        return conf["ENGINE"]  # type: ignore[no-any-return]
     with _lock:
         if _engine is None:
-            conf = getattr(settings, "IDEMPOTENCY", {})
-            _engine = conf.get("ENGINE") or Idempotency(conf.get("DATABASE_URL", ""), conf.get("CONFIG") or Config())
+            _engine = Idempotency(conf.get("DATABASE_URL", ""), conf.get("CONFIG") or Config())
         return _engine
 
 
@@ -40,7 +42,7 @@ class IdempotencyMiddleware:
 
     def __call__(self, request: HttpRequest) -> HttpResponse:
         eng = engine()
-        if request.method == "GET" and request.path == eng.config.policy_url:
+        if request.method == "GET" and request.path == eng.config.policy_path:
             return to_django(eng.policy_response())
         if not eng.applies_to(request.method or ""):
             request.idempotency = None  # type: ignore[attr-defined]
@@ -51,8 +53,8 @@ class IdempotencyMiddleware:
             request.idempotency = ctx  # type: ignore[attr-defined]
             request._idempotency_raised = False  # type: ignore[attr-defined]
             rv = self.get_response(request)
-            if request._idempotency_raised:  # type: ignore[attr-defined]
-                raise HandlerFailed("the view raised")  # its writes roll back
+            if request._idempotency_raised and rv.status_code >= 500:  # type: ignore[attr-defined]
+                raise HandlerFailed("the view raised")  # its writes roll back (Http404 & co. are answers)
             headers = list(rv.items())
             headers += [("Set-Cookie", c.output(header="").strip()) for c in rv.cookies.values()]
             content = rv.content if not rv.streaming else b"".join(rv.streaming_content)

@@ -25,7 +25,7 @@ class FlaskIdempotency:
             self.init_app(app)
 
     def init_app(self, app: flask.Flask) -> None:
-        app.add_url_rule(self.engine.config.policy_url, "idempotency_policy", self._policy, methods=["GET"])
+        app.add_url_rule(self.engine.config.policy_path, "idempotency_policy", self._policy, methods=["GET"])
         app.extensions["idempotency"] = self
 
     def _policy(self) -> flask.Response:
