@@ -367,7 +367,7 @@ class Consumer:
                 if status not in ("claimed", "reclaimed"):
                     out[d.tag] = self._answer(status, retry_after)
                     continue
-            ctx = MessageContext(conn, d, key, self.scope, token, status, attempts, point, "batch")
+                ctx = MessageContext(conn, d, key, self.scope, token, status, attempts, point, "batch")
                 try:
                     with conn.transaction():  # a savepoint: one failing message does not sink the batch
                         response = self.handler(ctx)
