@@ -3,7 +3,7 @@
 
 Environment: AMQP_URL, DATABASE_URL, QUEUE, CONSUMER_MODE (single, batch, two_phase), PREFETCH
 (default 50), CONSUMER_ID, CRASH_AFTER_COMMIT (N: SIGKILL itself after the Nth COMMIT, before
-the ack). The effect of a message {"account": "a1", "amount": 5} is a row of broker_effects:
+the ack), IDEM_LEASE_SECONDS (the two_phase lease; default: the server's). The effect of a message {"account": "a1", "amount": 5} is a row of broker_effects:
 in the claim's transaction (single, batch) or, in two_phase, on a connection of its own in
 autocommit after the claim's COMMIT. SIGTERM stops it gracefully. Prints its counts at the end.
 """
@@ -46,8 +46,9 @@ def main() -> None:
         if crash_after and commits >= crash_after:
             os.kill(os.getpid(), signal.SIGKILL)  # after COMMIT, before the ack
 
+    lease = float(env["IDEM_LEASE_SECONDS"]) if env.get("IDEM_LEASE_SECONDS") else None
     consumer = Consumer(database_url, handler, mode=mode, prefetch=int(env.get("PREFETCH") or 50),
-                        on_commit=on_commit)
+                        lease_seconds=lease if mode == "two_phase" else None, on_commit=on_commit)
     consumer.run(pika.URLParameters(env["AMQP_URL"]), env["QUEUE"])
     print(json.dumps({"consumer": consumer_id, "mode": mode, "commits": commits, **consumer.counts}), flush=True)
 
