@@ -3,12 +3,13 @@
 # server: key parsing (no server), the synchronous and asynchronous engines, the Flask,
 # FastAPI and Django adapters in process, and the RabbitMQ consumer helpers with a
 # simulated channel. The apps and the consumer program themselves are run by the
-# conformance and broker suites. Counts pytest's passed and failed (errors count as failed).
+# conformance and broker suites. Counts pytest's passed and failed (errors count as failed),
+# plus one check: pyflakes finds nothing in the package, its tests and its two programs.
 # Ends with "N passed, N failed".
 set -uo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/../lib.sh"
 IDEM_PACKAGES+=(python3-pytest python3-flask python3-fastapi python3-starlette python3-httpx
-  python3-django python3-pika python3-uvicorn python3-werkzeug)
+  python3-django python3-pika python3-uvicorn python3-werkzeug python3-pyflakes)
 ensure_packages
 build_and_install
 idem_scratch_init
@@ -46,4 +47,12 @@ print(t - bad - skipped, bad + skipped)  # nothing may be skipped here: a skip i
 PY
 )
 ((rc != 0 && failed == 0)) && failed=1 && echo "not ok - pytest exited $rc"
+PKG="$IDEM_ROOT/clients/python"
+if /usr/bin/python3 -m pyflakes "$PKG/src" "$PKG/tests" "$PKG/conformance_app.py" "$PKG/conformance_consumer.py"; then
+  echo "ok - pyflakes: clients/python is clean"
+  passed=$((passed + 1))
+else
+  echo "not ok - pyflakes: clients/python has warnings (above)"
+  failed=$((failed + 1))
+fi
 echo "$passed passed, $failed failed"

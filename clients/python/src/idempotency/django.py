@@ -12,7 +12,7 @@ Config.policy_url.
 from __future__ import annotations
 
 import threading
-from typing import Any, Callable, Optional
+from typing import Callable, Optional
 
 from django.conf import settings
 from django.http import HttpRequest, HttpResponse
