@@ -211,3 +211,10 @@ def test_two_phase_write_commits_before_the_answer(make_client, sql, key):
     s, _, _ = post("/payments", body(key), dict(JSON, **{"Idempotency-Key": key, "X-Fail": "1"}))
     assert s == 500 and count(sql, key) == 1  # an outside effect: autocommit, not rolled back
     assert post("/payments", body(key), dict(JSON, **{"Idempotency-Key": key}))[0] == 201  # released: runs again
+
+
+def test_body_over_the_limit_is_413_and_never_runs(make_client, sql, key):
+    post = make_client(max_body_bytes=64)
+    s, h, _ = post("/payments", body(key, pad="x" * 100), dict(JSON, **{"Idempotency-Key": key}))
+    assert s == 413 and h["content-type"] == "application/problem+json" and count(sql, key) == 0
+    assert post("/payments", body(key), dict(JSON, **{"Idempotency-Key": key}))[0] == 201

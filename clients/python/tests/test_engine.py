@@ -320,3 +320,9 @@ def test_async_store_errors_and_in_flight(tables, sql, key):
         assert r.status == 409 and r.header("Retry-After")
     finally:
         holder.close()
+
+
+def test_body_limit(engine, sql, key):
+    e = engine(max_body_bytes=10)
+    assert e.handle(post(key, b'{"amount": 55555}'), pay(key)).status == 413
+    assert e.handle(post(key, b'{"a": 5}'), pay(key)).status == 201

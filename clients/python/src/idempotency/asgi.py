@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from typing import Any, Awaitable, Callable, Dict, List, MutableMapping, Optional
 
+from . import core
 from .core import Request, Response
 from .engine import AsyncContext, AsyncIdempotency
 
@@ -40,11 +41,17 @@ class IdempotencyMiddleware:
             await self.app(scope, receive, send)
             return
         chunks: List[bytes] = []
+        size, limit = 0, self.engine.config.max_body_bytes
         while True:
             message = await receive()
             if message["type"] == "http.disconnect":
                 return
-            chunks.append(message.get("body", b""))
+            chunk = message.get("body", b"")
+            size += len(chunk)
+            if limit is not None and size > limit:  # stop reading: never buffer more than the limit
+                await _send(send, core.body_too_large(self.engine.config))
+                return
+            chunks.append(chunk)
             if not message.get("more_body"):
                 break
         body = b"".join(chunks)

@@ -99,6 +99,7 @@ class Config:
     fingerprint     hook: bytes (or None: not checked) for a request; default: SHA-256 over
                     method, path and body, a JSON body as jsonb (key order does not matter).
     retries         how often a transaction that hit 40001 / 40P01 is run again.
+    max_body_bytes  the largest request body read (413 above it); None: no limit.
     """
 
     mode: str = "inbox"
@@ -113,6 +114,7 @@ class Config:
     scope: Callable[[Request], str] = _default_scope
     fingerprint: Optional[Callable[[Request], Optional[bytes]]] = None
     retries: int = 3
+    max_body_bytes: Optional[int] = 1 << 20
     pool_size: int = 20
     pool_timeout: float = 30.0
 
@@ -159,6 +161,11 @@ class Config:
 def policy_response(config: Config) -> Response:
     """The policy document as a 200 application/json response."""
     return Response(200, [("Content-Type", "application/json")], json.dumps(config.policy()).encode())
+
+
+def body_too_large(config: Config) -> Response:
+    return problem(config, 413, "Request body too large",
+                   f"This API reads request bodies of at most {config.max_body_bytes} bytes.")
 
 
 def problem(config: Config, status: int, title: str, detail: str, extra: Optional[Headers] = None) -> Response:

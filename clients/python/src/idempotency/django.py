@@ -17,7 +17,7 @@ from typing import Callable, Optional
 from django.conf import settings
 from django.http import HttpRequest, HttpResponse
 
-from .core import Config, HandlerFailed, Request, Response
+from .core import Config, HandlerFailed, Request, Response, body_too_large
 from .engine import Context, Idempotency
 
 _engine: Optional[Idempotency] = None
@@ -47,6 +47,9 @@ class IdempotencyMiddleware:
         if not eng.applies_to(request.method or ""):
             request.idempotency = None  # type: ignore[attr-defined]
             return self.get_response(request)
+        limit = eng.config.max_body_bytes
+        if limit is not None and int(request.META.get("CONTENT_LENGTH") or 0) > limit:
+            return to_django(body_too_large(eng.config))  # not read at all
         req = Request(request.method or "", request.path, list(request.headers.items()), request.body, native=request)
 
         def handler(ctx: Context) -> Response:

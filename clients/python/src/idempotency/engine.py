@@ -96,6 +96,8 @@ class Idempotency:
             key = parse_key(request.header(cfg.header), cfg.max_key_length)
         except InvalidKey as e:
             return core.problem(cfg, 400, e.title, e.detail)
+        if cfg.max_body_bytes is not None and len(request.body) > cfg.max_body_bytes:
+            return core.body_too_large(cfg)
         scope = cfg.scope(request)
         try:
             with self.pool.connection() as conn:
@@ -204,6 +206,8 @@ class AsyncIdempotency:
             key = parse_key(request.header(cfg.header), cfg.max_key_length)
         except InvalidKey as e:
             return core.problem(cfg, 400, e.title, e.detail)
+        if cfg.max_body_bytes is not None and len(request.body) > cfg.max_body_bytes:
+            return core.body_too_large(cfg)
         scope = cfg.scope(request)
         try:
             async with self.pool.connection() as conn:

@@ -12,7 +12,7 @@ from typing import Any, Callable, Optional
 import flask
 from werkzeug.exceptions import HTTPException
 
-from .core import HandlerFailed, Request, Response
+from .core import HandlerFailed, Request, Response, body_too_large
 from .engine import Context, Idempotency
 
 
@@ -40,6 +40,9 @@ class FlaskIdempotency:
             if not self.engine.applies_to(req.method):
                 flask.g.idempotency = None
                 return view(*args, **kwargs)
+            limit = self.engine.config.max_body_bytes
+            if limit is not None and (req.content_length or 0) > limit:
+                return to_flask(body_too_large(self.engine.config))  # not read at all
             request = Request(req.method, req.path, list(req.headers.items()), req.get_data(cache=True), native=req)
 
             def handler(ctx: Context) -> Response:
