@@ -32,6 +32,13 @@ const (
 	TwoPhase
 )
 
+func (m Mode) String() string {
+	if m == TwoPhase {
+		return "two_phase"
+	}
+	return "inbox"
+}
+
 // Options configure the middleware and the policy document. Only Pool is required.
 type Options struct {
 	Pool *pgxpool.Pool
@@ -220,10 +227,14 @@ func isJSON(contentType string) bool {
 // 409 with Retry-After while the first is in flight, a 422 when the key was used for another
 // request; a missing or malformed key gets 400.
 func Middleware(opts Options) func(http.Handler) http.Handler {
-	o := opts
-	if o.Pool == nil {
+	if opts.Pool == nil {
 		panic("idempotency.Middleware: Options.Pool is nil")
 	}
+	return middleware(opts)
+}
+
+func middleware(opts Options) func(http.Handler) http.Handler {
+	o := opts
 	return func(next http.Handler) http.Handler {
 		return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 			if !o.needsKey(r.Method) {
