@@ -48,6 +48,17 @@ for cmd in conformance-app conformance-consumer; do
   fi
 done
 
+# The README's Go blocks are excerpts of example_test.go, which go vet and go test compile.
+readme_lines="$(awk '/^```go$/ {on = 1; next} /^```$/ {on = 0} on' "$GO_DIR/README.md")"
+missing="$(while IFS= read -r line; do
+  grep -qF -- "$(sed 's/^[[:space:]]*//' <<<"$line")" "$GO_DIR/example_test.go" || echo "$line"
+done <<<"$readme_lines")"
+if [[ -n $readme_lines && -z $missing ]]; then
+  ok "README.md: its Go blocks are excerpts of example_test.go (compiled)"
+else
+  not_ok "README.md: lines not in example_test.go: $missing"
+fi
+
 # Without a server, the server tests skip and say why (a user's `go test` on a laptop).
 gorun "$OUT/noserver.log" env -u PGHOST -u PGPORT -u PGUSER -u PGDATABASE PGHOST="$OUT/nowhere" PGPORT=1 \
   go test -count=1 -v -run 'TestServerReplayByteForByte|TestParseKey' .
