@@ -150,6 +150,9 @@ func (c *Consumer) Run(ctx context.Context, ch *amqp.Channel, queue string) erro
 	// Handlers run to the end of the batch in hand even when ctx is done.
 	work := context.Background()
 	for {
+		if ctx.Err() != nil { // a stop wins over deliveries already waiting
+			return c.stop(ch, tag, deliveries)
+		}
 		var d amqp.Delivery
 		var ok bool
 		select {
