@@ -139,6 +139,12 @@ func TestConsumerBatch(t *testing.T) {
 	if n := effects(t, scope); n != 4 {
 		t.Errorf("%d effects, want 4 (old, a, b, c)", n)
 	}
+	// Redelivered: every key was completed, so all replay (acked, no effect).
+	f.events = nil
+	c.Handle(context.Background(), deliveries(f, `c:{"x":3}`, `a:{"x":1}`, `b:{"x":2}`))
+	if want := "ack<=3"; f.String() != want || effects(t, scope) != 4 || c.lowestHeld() != 0 {
+		t.Errorf("redelivered: broker saw %s, want %s; %d effects", f, want, effects(t, scope))
+	}
 }
 
 func TestConsumerBatchHandlerFails(t *testing.T) {
