@@ -2,8 +2,8 @@
 // QUEUE with idempotency.Consumer and applies each message's effect once, an INSERT INTO
 // broker_effects (message_id, consumer, amount). Configured by the environment: AMQP_URL,
 // DATABASE_URL, QUEUE, CONSUMER_MODE (single, batch, two_phase), PREFETCH, CONSUMER_ID,
-// CRASH_AFTER_COMMIT (after the Nth COMMIT, SIGKILL itself before the ack). SIGTERM stops it
-// gracefully.
+// CRASH_AFTER_COMMIT (after the Nth COMMIT, SIGKILL itself before the ack), IDEM_LEASE_SECONDS
+// (the two-phase lease, default 30). SIGTERM stops it gracefully.
 //
 //	cd clients/go && ./offline.sh go build -o /tmp/conformance-consumer ./cmd/conformance-consumer
 package main
@@ -66,6 +66,7 @@ func main() {
 		Pool:       pool,
 		Prefetch:   envInt("PREFETCH", 50),
 		RetryDelay: time.Second,
+		Lease:      time.Duration(envInt("IDEM_LEASE_SECONDS", 30)) * time.Second,
 	}
 	switch mode := os.Getenv("CONSUMER_MODE"); mode {
 	case "", "single":
