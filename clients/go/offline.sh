@@ -1,0 +1,25 @@
+#!/bin/sh
+# Runs a go command on this module offline, from Debian's packages alone (golang-go,
+# golang-github-jackc-pgx-v4-dev, golang-github-rabbitmq-amqp091-go-dev): GOPATH mode, with
+# Debian's packages in /usr/share/gocode and this module as its import path
+# idempotency/clients/go through a symlink in a GOPATH of its own (one per clone, under
+# $TMPDIR, or IDEM_GOPATH). Run from clients/go or a folder under it:
+#   ./offline.sh go test ./...
+#   ./offline.sh go build -o /tmp/conformance-app ./cmd/conformance-app
+set -eu
+here="$(cd "$(dirname "$0")" && pwd -P)"
+root="$(dirname "$(dirname "$here")")"
+gopath="${IDEM_GOPATH:-${TMPDIR:-/tmp}/idempotency-gopath-$(id -u)-$(printf %s "$root" | cksum | cut -d' ' -f1)}"
+mkdir -p "$gopath/src"
+link="$gopath/src/idempotency"
+if [ "$(readlink "$link" 2>/dev/null)" != "$root" ]; then
+  rm -f "$link"
+  ln -s "$root" "$link"
+fi
+cwd="$(pwd -P)"
+case "$cwd/" in
+"$here"/*) rel="${cwd#"$here"}" ;;
+*) rel="" ;;
+esac
+cd "$link/clients/go$rel"
+GO111MODULE=off GOPATH="$gopath:/usr/share/gocode" GOFLAGS= exec "$@"
