@@ -10,7 +10,7 @@
 \pset tuples_only on
 SET client_min_messages = warning;
 
-SELECT plan(34);
+SELECT plan(39);
 
 -- The plan's scan of `query`: 'ours', 'function scan' or 'other'.
 CREATE FUNCTION scan_of(query text) RETURNS text LANGUAGE plpgsql AS $$
@@ -130,6 +130,23 @@ SELECT is((SELECT string_agg(c.status || ' ' || c.attempts, ', ')
              FROM generate_series(1, 3) g LEFT JOIN idempotency.claim_key('rescanned') c ON g > 0),
           'claimed 1, claimed 1, claimed 1', 'rescanned unchanged: one call, its answer three times');
 RESET enable_material;
+
+-- A sub-select in the arguments (docs/design.md): an uncorrelated one is an initPlan, run
+-- once before the scan, whose value our scan reads as a parameter; a correlated one is a
+-- SubPlan that the expression runs for each outer row, and keeps the function scan.
+CREATE TABLE sub_keys (k text);
+INSERT INTO sub_keys VALUES ('sub-1');
+SELECT is(scan_of($$SELECT status FROM idempotency.claim_key((SELECT max(k) FROM sub_keys))$$),
+          'ours', 'an uncorrelated sub-select in the arguments: our scan');
+SELECT is((SELECT status::text FROM idempotency.claim_key((SELECT max(k) FROM sub_keys))),
+          'claimed', 'it claims the key the sub-select gives');
+SELECT is(scan_of($$SELECT c.status FROM sub_keys s, LATERAL idempotency.claim_key((SELECT s.k || '-lateral')) c$$),
+          'function scan', 'a correlated sub-select in the arguments: the function scan');
+SELECT is((SELECT string_agg(c.status::text, ' ')
+             FROM sub_keys s, LATERAL idempotency.claim_key((SELECT s.k || '-lateral')) c),
+          'claimed', 'it claims the key of the outer row');
+SELECT is((SELECT string_agg(key, ' ' ORDER BY key) FROM idempotency.idempotency_keys
+            WHERE key LIKE 'sub-%'), 'sub-1 sub-1-lateral', 'the two keys, once each');
 
 -- A scrollable cursor reads the same row back and forth.
 BEGIN;
