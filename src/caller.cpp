@@ -100,17 +100,14 @@ void require_usage(Oid function, const Installation& installation, Oid role) {
         [&] { return object_acl(NamespaceRelationId, installation.schema, role, ACL_USAGE); });
   }
   if (verdict != ACLCHECK_OK) {
-    const std::string schema = pg_call([&] {
-      const char* name = get_namespace_name(installation.schema);
-      return std::string(name != nullptr ? name : "?");
-    });
-    const std::string name = pg_call([&] {
-      const char* found = get_func_name(function);
-      return std::string(found != nullptr ? found : "?");
-    });
+    const char* schema_name = pg_call([&] { return get_namespace_name(installation.schema); });
+    const char* function_name = pg_call([&] { return get_func_name(function); });
+    const std::string schema = schema_name != nullptr ? schema_name : "?";
+    const std::string name = function_name != nullptr ? function_name : "?";
     throw Error(ERRCODE_INSUFFICIENT_PRIVILEGE, "permission denied for schema " + schema,
-                name + " needs USAGE on the schema of extension idempotency, however it is "
-                       "called (by name, from a function body, a view or a kept plan).",
+                name +
+                    " needs USAGE on the schema of extension idempotency, however it is "
+                    "called (by name, from a function body, a view or a kept plan).",
                 "GRANT USAGE ON SCHEMA " + schema + " TO the role that calls (see SECURITY.md).");
   }
   if (cache.valid && cache.installation.schema == installation.schema) {

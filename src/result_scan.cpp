@@ -81,8 +81,7 @@ void find_our_functions(OurFunctions* found) {
   for (const char* name : {"claim_key", "complete_key"}) {
     CatCList* candidates = SearchSysCacheList1(PROCNAMEARGSNSP, CStringGetDatum(name));
     for (int i = 0; i < candidates->n_members; ++i) {
-      const auto* proc =
-          reinterpret_cast<Form_pg_proc>(GETSTRUCT(&candidates->members[i]->tuple));
+      const auto* proc = reinterpret_cast<Form_pg_proc>(GETSTRUCT(&candidates->members[i]->tuple));
       if (proc->pronamespace == schema && found->count < 8) found->oids[found->count++] = proc->oid;
     }
     ReleaseSysCacheList(candidates);
@@ -102,7 +101,8 @@ bool is_ours(Oid function) {
     our_functions = found;
   }
   bool listed = false;
-  for (int i = 0; i < our_functions.count; ++i) listed = listed || our_functions.oids[i] == function;
+  for (int i = 0; i < our_functions.count; ++i)
+    listed = listed || our_functions.oids[i] == function;
   if (!listed) return false;
   FmgrInfo info;
   fmgr_info(function, &info);
@@ -117,7 +117,8 @@ bool collect_exec_params(Node* node, void* ids) {
   if (IsA(node, Param)) {
     const auto* param = castNode(Param, node);
     if (param->paramkind == PARAM_EXEC)
-      *static_cast<Bitmapset**>(ids) = bms_add_member(*static_cast<Bitmapset**>(ids), param->paramid);
+      *static_cast<Bitmapset**>(ids) =
+          bms_add_member(*static_cast<Bitmapset**>(ids), param->paramid);
     return false;
   }
 #if PG_VERSION_NUM >= 160000
