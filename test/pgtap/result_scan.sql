@@ -177,11 +177,13 @@ END
 $f$;
 SELECT is(colliding_in_plpgsql('colliding-2'), 'claimed claimed claimed',
           'a PL/pgSQL variable and a PARAM_EXEC of the same number: one call');
+DEALLOCATE colliding;
+-- PL/pgSQL keeps its plan (our scan): planned again, with the function scan.
 SET idempotency.result_scan = off;
+DISCARD PLANS;
 SELECT is(colliding_in_plpgsql('colliding-3'), 'claimed claimed claimed',
           'the function scan answers the same');
 RESET idempotency.result_scan;
-DEALLOCATE colliding;
 RESET plan_cache_mode;
 
 -- A scrollable cursor reads the same row back and forth.
