@@ -16,6 +16,9 @@ struct Checked {
   // Functions already found in that schema (the SQL functions of the extension).
   Oid functions[16] = {};
   int function_count = 0;
+  // Roles already found with USAGE on that schema (SPEC §7: only they call).
+  Oid usage_roles[4] = {};
+  int usage_role_count = 0;
 };
 Checked checked_installation;
 
@@ -81,6 +84,38 @@ Installation cached(Oid schema, Oid function) {
   return cache.installation;
 }
 
+// Refuses `role` unless it has USAGE on the installation's schema: a call reached by OID (a
+// BEGIN ATOMIC body, a view, a kept plan) never passed the schema's name lookup. The right
+// may come through a membership, so the verdict is kept only until the callbacks above
+// (pg_namespace, pg_authid, pg_auth_members) forget the installation.
+void require_usage(Oid function, const Installation& installation, Oid role) {
+  Checked& cache = checked_installation;
+  if (cache.valid && cache.installation.schema == installation.schema)
+    for (int i = 0; i < cache.usage_role_count; ++i)
+      if (cache.usage_roles[i] == role) return;
+  AclResult verdict = ACLCHECK_NO_PRIV;
+  for (uint64 seen = invalidations - 1; seen != invalidations;) {
+    seen = invalidations;
+    verdict = pg_call(
+        [&] { return object_acl(NamespaceRelationId, installation.schema, role, ACL_USAGE); });
+  }
+  if (verdict != ACLCHECK_OK) {
+    const char* schema_name = pg_call([&] { return get_namespace_name(installation.schema); });
+    const char* function_name = pg_call([&] { return get_func_name(function); });
+    const std::string schema = schema_name != nullptr ? schema_name : "?";
+    const std::string name = function_name != nullptr ? function_name : "?";
+    throw Error(ERRCODE_INSUFFICIENT_PRIVILEGE, "permission denied for schema " + schema,
+                name +
+                    " needs USAGE on the schema of extension idempotency, however it is "
+                    "called (by name, from a function body, a view or a kept plan).",
+                "GRANT USAGE ON SCHEMA " + schema + " TO the role that calls (see SECURITY.md).");
+  }
+  if (cache.valid && cache.installation.schema == installation.schema) {
+    if (cache.usage_role_count == 4) cache.usage_role_count = 0;  // a few roles: start over
+    cache.usage_roles[cache.usage_role_count++] = role;
+  }
+}
+
 }  // namespace
 
 Installation of_function(Oid function) {
@@ -89,12 +124,21 @@ Installation of_function(Oid function) {
   // when there are none): the next call after an unsafe change refuses, even in a
   // transaction that has all its locks already.
   pg_call([] { AcceptInvalidationMessages(); });
+  const Oid role = GetUserId();
   const Checked& cache = checked_installation;
   if (cache.valid)
     for (int i = 0; i < cache.function_count; ++i)
-      if (cache.functions[i] == function) return cache.installation;
+      if (cache.functions[i] == function) {
+        for (int j = 0; j < cache.usage_role_count; ++j)
+          if (cache.usage_roles[j] == role) return cache.installation;
+        const Installation installation = cache.installation;
+        require_usage(function, installation, role);
+        return installation;
+      }
   Oid schema = pg_call([&] { return get_func_namespace(function); });
-  return cached(schema, function);
+  const Installation installation = cached(schema, function);
+  require_usage(function, installation, role);
+  return installation;
 }
 
 std::optional<Installation> of_database() {

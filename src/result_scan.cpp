@@ -6,6 +6,7 @@
 #include "result_scan.hpp"
 
 #include "gucs.hpp"
+#include "installation_check.hpp"
 
 // The SQL-callable functions whose answer is a claim_result (sql_functions.cpp).
 extern "C" {
@@ -54,12 +55,79 @@ const CustomExecMethods kExecMethods = {kScanName, begin_scan, exec_scan, end_sc
                                         nullptr,   nullptr,    nullptr,   nullptr,  nullptr,
                                         nullptr,   nullptr,    nullptr};
 
-// pg-frame: planner. Whether `function` is implemented by one of our claim_result functions,
-// called directly: a SECURITY DEFINER, SET or fmgr-hooked function gets a wrapper address.
+// The OIDs of claim_key and complete_key in the schema of the extension of this database (none
+// when it is not installed), found again after any change to pg_proc: creating, dropping or
+// moving the extension changes its functions' rows. Every query with a function in FROM
+// compares with them, so an unrelated function costs no catalog look-up.
+struct OurFunctions {
+  bool valid = false;
+  Oid oids[8] = {};
+  int count = 0;
+};
+OurFunctions our_functions;
+uint64 pg_proc_changes = 0;  // counts the invalidations below
+
+void forget_our_functions(Datum, SyscacheId, uint32) {
+  our_functions.valid = false;
+  ++pg_proc_changes;
+}
+
+// pg-frame: planner. Fills `found` from pg_extension and pg_proc (by name, in the schema).
+void find_our_functions(OurFunctions* found) {
+  *found = OurFunctions{};
+  Oid extension = InvalidOid;
+  Oid schema = InvalidOid;
+  if (!installation_check::find_extension(&extension, &schema)) return;
+  for (const char* name : {"claim_key", "complete_key"}) {
+    CatCList* candidates = SearchSysCacheList1(PROCNAMEARGSNSP, CStringGetDatum(name));
+    for (int i = 0; i < candidates->n_members; ++i) {
+      const auto* proc = reinterpret_cast<Form_pg_proc>(GETSTRUCT(&candidates->members[i]->tuple));
+      if (proc->pronamespace == schema && found->count < 8) found->oids[found->count++] = proc->oid;
+    }
+    ReleaseSysCacheList(candidates);
+  }
+}
+
+// pg-frame: planner. Whether `function` is one of our claim_result functions, called
+// directly: a SECURITY DEFINER, SET or fmgr-hooked function gets a wrapper address. Only
+// our own functions reach fmgr_info (which reads catalogs and may load a library).
 bool is_ours(Oid function) {
+  // The look-up reads catalogs: an invalidation it processes makes it look again.
+  while (!our_functions.valid) {
+    const uint64 seen = pg_proc_changes;
+    OurFunctions found;
+    find_our_functions(&found);
+    found.valid = seen == pg_proc_changes;
+    our_functions = found;
+  }
+  bool listed = false;
+  for (int i = 0; i < our_functions.count; ++i)
+    listed = listed || our_functions.oids[i] == function;
+  if (!listed) return false;
   FmgrInfo info;
   fmgr_info(function, &info);
   return info.fn_addr == claim_key || info.fn_addr == complete_key;
+}
+
+// pg-frame: planner and executor (an expression walker). Adds the PARAM_EXEC ids that `node`
+// reads to `*ids`: the ids a rescan's chgParam names. pull_paramids() promises all Params,
+// whose ids of other kinds ($n, PL/pgSQL variables) would collide with them.
+bool collect_exec_params(Node* node, void* ids) {
+  if (node == nullptr) return false;
+  if (IsA(node, Param)) {
+    const auto* param = castNode(Param, node);
+    if (param->paramkind == PARAM_EXEC)
+      *static_cast<Bitmapset**>(ids) =
+          bms_add_member(*static_cast<Bitmapset**>(ids), param->paramid);
+    return false;
+  }
+#if PG_VERSION_NUM >= 160000
+  return expression_tree_walker(node, collect_exec_params, ids);
+#else
+  // PostgreSQL 15 declares the walker as an unprototyped C function pointer.
+  auto* walker = reinterpret_cast<bool (*)()>(reinterpret_cast<void (*)()>(collect_exec_params));
+  return expression_tree_walker(node, walker, ids);
+#endif
 }
 
 // pg-frame: planner. The call of the FROM item `rte` if our scan can run it, else nullptr.
@@ -69,13 +137,17 @@ FuncExpr* our_call(PlannerInfo* root, RelOptInfo* rel, Index rti, RangeTblEntry*
   Node* expression = linitial_node(RangeTblFunction, rte->functions)->funcexpr;
   if (!IsA(expression, FuncExpr)) return nullptr;
   auto* call = castNode(FuncExpr, expression);
-  if (call->funcretset || contain_subplans(reinterpret_cast<Node*>(call->args))) return nullptr;
+  if (call->funcretset || !is_ours(call->funcid)) return nullptr;
+  // A correlated sub-select in the arguments is a SubPlan, run by the function scan's
+  // expression state; an uncorrelated one is an initPlan whose value our scan reads as a
+  // parameter.
+  if (contain_subplans(reinterpret_cast<Node*>(call->args))) return nullptr;
   // FOR UPDATE or UPDATE ... FROM copies the whole row for a recheck: the function scan's job.
   ListCell* cell = nullptr;
   foreach (cell, root->rowMarks) {
     if (lfirst_node(PlanRowMark, cell)->rti == rti) return nullptr;
   }
-  return is_ours(call->funcid) ? call : nullptr;
+  return call;
 }
 
 // pg-frame: planner. The columns of `rel` that the query reads (its output, its quals, the
@@ -207,7 +279,8 @@ void begin_scan(CustomScanState* node, EState* estate, int /*eflags*/) {
   InitFunctionCallInfoData(*state->call, &state->function, arguments, call->inputcollid, nullptr,
                            reinterpret_cast<Node*>(&state->row));
   state->arguments = ExecInitExprList(call->args, &node->ss.ps);
-  state->argument_params = pull_paramids(reinterpret_cast<Expr*>(call->args));
+  state->argument_params = nullptr;
+  (void)collect_exec_params(reinterpret_cast<Node*>(call->args), &state->argument_params);
   state->columns = list_length(plan->custom_private);
   state->column_of = static_cast<int*>(palloc(sizeof(int) * Max(state->columns, 1)));
   ListCell* cell = nullptr;
@@ -288,11 +361,16 @@ TupleTableSlot* next_row(ScanState* scan) {
   return ExecStoreVirtualTuple(slot);
 }
 
-// pg-frame: executor. Our scan never runs under EvalPlanQual: a row-marked FROM item keeps
-// the function scan (our_call).
-bool recheck_row(ScanState* /*scan*/, TupleTableSlot* /*slot*/) {
-  elog(ERROR, "the idempotency result scan cannot recheck a row");
-  return false;
+// pg-frame: executor (ExecScan's recheck method). Our scan is never a relation that an
+// EvalPlanQual recheck substitutes a row for: a row-marked FROM item keeps the function scan
+// (our_call). It runs under a recheck only inside a sub-select that the recheck runs again,
+// where the function scan (a scan of a relation without a substitute row) runs its access
+// method: the row of the current arguments, the function called only when they changed.
+// Minor releases without core's test of the EPQ parameter (ExecScanFetch) ask the recheck
+// method of every scan without a relation for that row, and then return the scan slot:
+// so this answers what next_row() answers, in that slot.
+bool recheck_row(ScanState* scan, TupleTableSlot* /*slot*/) {
+  return !TupIsNull(next_row(scan));
 }
 
 // pg-frame: ExecCustomScan.
@@ -322,6 +400,7 @@ DirectRow* direct_row(FunctionCallInfo fcinfo) {
 
 void on_load() {
   RegisterCustomScanMethods(&kPlanMethods);
+  CacheRegisterSyscacheCallback(PROCOID, forget_our_functions, 0);
   previous_pathlist_hook = set_rel_pathlist_hook;
   set_rel_pathlist_hook = plan_result_scans;
 }

@@ -5,9 +5,9 @@
 // execution. Our scan hands the function a row to fill (DirectRow, as fcinfo->resultinfo) and
 // returns it as it is. The planner hook puts it in place of the function scan only for a call
 // of one of our functions, alone in its FROM item, with no ORDINALITY, no row mark, no
-// whole-row reference and no subquery in its arguments; every other case keeps the function
-// scan, and so does `SET idempotency.result_scan = off`. What PostgreSQL's function scan does
-// for a call, ours does too: the EXECUTE privilege check and its hook, the function's
+// whole-row reference and no correlated sub-select in its arguments; every other case keeps the
+// function scan, and so does `SET idempotency.result_scan = off`. What PostgreSQL's function scan
+// does for a call, ours does too: the EXECUTE privilege check and its hook, the function's
 // statistics, strictness, a call again only when an argument's parameter changed.
 #pragma once
 

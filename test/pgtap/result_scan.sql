@@ -10,7 +10,7 @@
 \pset tuples_only on
 SET client_min_messages = warning;
 
-SELECT plan(34);
+SELECT plan(43);
 
 -- The plan's scan of `query`: 'ours', 'function scan' or 'other'.
 CREATE FUNCTION scan_of(query text) RETURNS text LANGUAGE plpgsql AS $$
@@ -130,6 +130,61 @@ SELECT is((SELECT string_agg(c.status || ' ' || c.attempts, ', ')
              FROM generate_series(1, 3) g LEFT JOIN idempotency.claim_key('rescanned') c ON g > 0),
           'claimed 1, claimed 1, claimed 1', 'rescanned unchanged: one call, its answer three times');
 RESET enable_material;
+
+-- A sub-select in the arguments (docs/design.md): an uncorrelated one is an initPlan, run
+-- once before the scan, whose value our scan reads as a parameter; a correlated one is a
+-- SubPlan that the expression runs for each outer row, and keeps the function scan.
+CREATE TABLE sub_keys (k text);
+INSERT INTO sub_keys VALUES ('sub-1');
+SELECT is(scan_of($$SELECT status FROM idempotency.claim_key((SELECT max(k) FROM sub_keys))$$),
+          'ours', 'an uncorrelated sub-select in the arguments: our scan');
+SELECT is((SELECT status::text FROM idempotency.claim_key((SELECT max(k) FROM sub_keys))),
+          'claimed', 'it claims the key the sub-select gives');
+SELECT is(scan_of($$SELECT c.status FROM sub_keys s, LATERAL idempotency.claim_key((SELECT s.k || '-lateral')) c$$),
+          'function scan', 'a correlated sub-select in the arguments: the function scan');
+SELECT is((SELECT string_agg(c.status::text, ' ')
+             FROM sub_keys s, LATERAL idempotency.claim_key((SELECT s.k || '-lateral')) c),
+          'claimed', 'it claims the key of the outer row');
+SELECT is((SELECT string_agg(key, ' ' ORDER BY key) FROM idempotency.idempotency_keys
+            WHERE key LIKE 'sub-%'), 'sub-1 sub-1-lateral', 'the two keys, once each');
+
+-- A rescan calls again only when a PARAM_EXEC of the arguments changed. A `$n` or a PL/pgSQL
+-- variable in the arguments is a Param too, with an id of its own numbering: here $1 (and
+-- the PL/pgSQL variable k, its function's first datum, id 1) beside the outer row's columns
+-- g.a, g.b, g.c, which the correlated sub-select reads as PARAM_EXEC 0, 1 and 2 in its quals,
+-- not in the arguments. Each outer row rescans the sub-select with those changed: the claim
+-- must not run again (a second call answers in_progress), as on the function scan.
+SET plan_cache_mode = force_generic_plan;
+PREPARE colliding(text) AS
+  SELECT string_agg((SELECT c.status::text FROM idempotency.claim_key($1) c
+                      WHERE c.attempts > g.a - 9 AND c.attempts > g.b - 9 AND c.attempts > g.c - 9),
+                    ' ' ORDER BY g.a)
+    FROM (VALUES (1, 1, 1), (2, 2, 2), (3, 3, 3)) g(a, b, c);
+CREATE TEMP TABLE colliding_answers AS EXECUTE colliding('colliding-1');
+SELECT is((SELECT string_agg FROM colliding_answers), 'claimed claimed claimed',
+          '$1 and a PARAM_EXEC of the same number: one call for the unchanged argument');
+SELECT is(scan_of($$EXECUTE colliding('colliding-x')$$), 'ours', 'on our scan');
+CREATE FUNCTION colliding_in_plpgsql(k text) RETURNS text LANGUAGE plpgsql AS $f$
+DECLARE
+  answers text;
+BEGIN
+  SELECT string_agg((SELECT c.status::text FROM idempotency.claim_key(k) c
+                      WHERE c.attempts > g.a - 9 AND c.attempts > g.b - 9 AND c.attempts > g.c - 9),
+                    ' ' ORDER BY g.a)
+    INTO answers FROM (VALUES (1, 1, 1), (2, 2, 2), (3, 3, 3)) g(a, b, c);
+  RETURN answers;
+END
+$f$;
+SELECT is(colliding_in_plpgsql('colliding-2'), 'claimed claimed claimed',
+          'a PL/pgSQL variable and a PARAM_EXEC of the same number: one call');
+DEALLOCATE colliding;
+-- PL/pgSQL keeps its plan (our scan): planned again, with the function scan.
+SET idempotency.result_scan = off;
+DISCARD PLANS;
+SELECT is(colliding_in_plpgsql('colliding-3'), 'claimed claimed claimed',
+          'the function scan answers the same');
+RESET idempotency.result_scan;
+RESET plan_cache_mode;
 
 -- A scrollable cursor reads the same row back and forth.
 BEGIN;
