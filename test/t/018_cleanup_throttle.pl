@@ -150,4 +150,29 @@ check_busy('transactions committed in another database', call(5000), 1);
 $node->safe_psql('postgres', q{SET application_name = 'stop writing'; SELECT pg_sleep(0.5)});
 $writer->quit;
 
+# --- a light writer in another database ---------------------------------------------------
+# One transaction about every 10 ms: a few between two looks of the cleanup. Each look counts
+# the transaction IDs taken since the last one beyond the cleanup's own batches since then
+# (one): a count of its own that grew with every batch would soon hide the writer, and the
+# call would run its last batches at full size, without pause, beside it.
+my $written = $node->safe_psql('other', 'SELECT count(*) FROM writes');
+my $light = $node->background_psql('other');
+$light->query_safe('SET synchronous_commit = off');
+$light->query_until(qr/writing/, q{\echo writing
+DO $$
+BEGIN
+  FOR i IN 1 .. 1000000 LOOP
+    INSERT INTO writes VALUES (i);
+    COMMIT;
+    EXIT WHEN EXISTS (SELECT FROM pg_stat_activity WHERE application_name = 'stop light writing');
+    PERFORM pg_sleep(0.01);
+  END LOOP;
+END $$;
+});
+$node->poll_query_until('other', "SELECT count(*) > $written + 20 FROM writes")
+  or diag('the light writer wrote nothing');
+check_busy('a light writer in another database', call(20000), 1);
+$node->safe_psql('postgres', q{SET application_name = 'stop light writing'; SELECT pg_sleep(0.5)});
+$light->quit;
+
 done_testing();
