@@ -120,6 +120,17 @@ is(scalar(grep { $_->[2] } @$batches), 0, 'idle: no batch saw other sessions wor
 is(scalar(grep { $_->[3] != 0 } @$batches), 0, 'idle: no pause');
 is(scalar(grep { $_->[0] != $batch } @$batches[ 1 .. $#$batches - 1 ]), 0, "idle: the others have $batch keys");
 is($summary->[1], 0, 'idle: the summary counts no pause');
+# Each batch's cost is its own (the buffer counters are read again at every batch's start):
+# batches of the same size over the same kind of rows cost about the same, whatever came
+# before. (Costs counted from the run's start would grow with every batch, and the busy
+# calls below would then pace by them: batches of one key, pauses of a second.)
+{
+  my @full = map { $_->[1] } @$batches[ 1 .. $#$batches - 1 ];
+  my ($least, $most) = (sort { $a <=> $b } @full)[ 0, -1 ];
+  ok(@full >= 10 && $most <= 3 * $least,
+    "idle: every full batch costs about the same (from $least to $most)")
+    or BAIL_OUT('the batches\' costs are not their own: the busy calls would run for minutes');
+}
 
 # --- another session of the database holds a snapshot -------------------------------------
 my $reader = $node->background_psql('app');
