@@ -10,7 +10,7 @@
 \pset tuples_only on
 SET client_min_messages = warning;
 
-SELECT plan(45);
+SELECT plan(47);
 
 -- The plan's scan of `query`: 'ours', 'function scan' or 'other'.
 CREATE FUNCTION scan_of(query text) RETURNS text LANGUAGE plpgsql AS $$
@@ -268,16 +268,24 @@ $$;
 SELECT is(scan_or_error($$SELECT * FROM ROWS FROM (idempotency.claim_key('rows-from-1'), idempotency.claim_key('rows-from-2'))$$),
           'function scan', 'ROWS FROM (claim_key(a), claim_key(b)): the function scan');
 SELECT lives_ok($$CREATE TEMP TABLE rows_from AS
-                    SELECT * FROM ROWS FROM (idempotency.claim_key('rows-from-1'), idempotency.claim_key('rows-from-2'))$$,
+                    SELECT count(*) AS n FROM ROWS FROM (idempotency.claim_key('rows-from-1'), idempotency.claim_key('rows-from-2'))$$,
                 'ROWS FROM of two claims runs');
 SELECT is((SELECT string_agg(key || ' ' || attempts, ', ' ORDER BY key) FROM idempotency.idempotency_keys
             WHERE key LIKE 'rows-from-%'),
           'rows-from-1 1, rows-from-2 1', 'both keys claimed, once each');
--- An argument that is a subquery (a SubPlan, which the function scan's expression state runs)
--- keeps the function scan.
-SELECT is(scan_or_error($$SELECT status FROM idempotency.claim_key((SELECT 'subquery-1'))$$),
-          'function scan', 'an argument that is a subquery: the function scan');
-SELECT is((SELECT status::text FROM idempotency.claim_key((SELECT 'subquery-1'))), 'claimed',
+-- An argument that is a correlated subquery (a SubPlan, which the function scan's expression
+-- state runs) keeps the function scan; an uncorrelated one is an InitPlan, whose value reaches
+-- our scan as a parameter.
+SELECT is(scan_or_error($$SELECT c.status FROM (VALUES (1, 'subquery-1'), (2, 'subquery-3')) v(n, k),
+                                                LATERAL idempotency.claim_key((SELECT max(x) FROM (VALUES (v.k)) t(x))) c$$),
+          'function scan', 'an argument that is a correlated subquery: the function scan');
+SELECT is((SELECT string_agg(v.k || ' ' || c.status, ', ' ORDER BY v.n)
+             FROM (VALUES (1, 'subquery-1'), (2, 'subquery-3')) v(n, k),
+                  LATERAL idempotency.claim_key((SELECT max(x) FROM (VALUES (v.k)) t(x))) c),
+          'subquery-1 claimed, subquery-3 claimed', 'and the calls claim their keys');
+SELECT is(scan_or_error($$SELECT status FROM idempotency.claim_key((SELECT 'subquery-2'))$$),
+          'ours', 'an argument that is an uncorrelated subquery: our scan');
+SELECT is((SELECT status::text FROM idempotency.claim_key((SELECT 'subquery-2'))), 'claimed',
           'and the call claims its key');
 
 -- An error of the function comes out unchanged.
