@@ -11,7 +11,7 @@ SET synchronous_commit = on;
 CREATE EXTENSION amcheck;
 CREATE EXTENSION pg_walinspect;
 
-SELECT plan(65);
+SELECT plan(74);
 
 \ir include/indexes_whole.sql
 
@@ -278,6 +278,61 @@ SELECT lives_ok($$SELECT with_key_locks($q$SELECT complete_key('plain-' || n, (c
 SELECT is(key_locks_taken(), 0, 'with a plain extra index the direct path is used');
 SELECT ok(indexes_whole(), 'and the extra index holds every row');
 DROP INDEX keys_owner;
+
+-------------------------------------------------------------------------------
+-- 5. A table that publishes its updates needs a replica identity for them: without one the
+--    direct completion refuses as the executor's UPDATE does (55000) and changes nothing.
+-------------------------------------------------------------------------------
+CREATE TEMP TABLE ri_committed AS SELECT * FROM claim_key('replica-identity-2');
+BEGIN;
+ALTER TABLE idempotency_keys REPLICA IDENTITY NOTHING;
+CREATE PUBLICATION keys_updates FOR TABLE idempotency_keys WITH (publish = 'update');
+CREATE TEMP TABLE ri_claim AS SELECT * FROM claim_key('replica-identity-1');
+SELECT is((SELECT status::text FROM ri_claim), 'claimed', 'an insert needs no replica identity: claimed');
+SELECT throws_ok($$SELECT complete_key('replica-identity-1', (SELECT token FROM ri_claim), '{}')$$, '55000', NULL,
+                 'a completion in the claim''s transaction (the direct path) without a replica identity: 55000');
+SELECT is((SELECT status::text FROM idempotency_keys WHERE key = 'replica-identity-1'), 'processing',
+          'and the claim is unchanged');
+SELECT throws_ok($$SELECT complete_key('replica-identity-2', (SELECT token FROM ri_committed), '{}')$$, '55000', NULL,
+                 'a completion of a committed claim (the executor''s UPDATE): 55000');
+SET LOCAL idempotency.executor_path = on;
+CREATE TEMP TABLE ri_executor AS SELECT * FROM claim_key('replica-identity-3');
+SELECT throws_ok($$SELECT complete_key('replica-identity-3', (SELECT token FROM ri_executor), '{}')$$, '55000', NULL,
+                 'the same completion with idempotency.executor_path on: 55000');
+ROLLBACK;
+
+-------------------------------------------------------------------------------
+-- 6. The direct path locks the table and the indexes it writes as the executor's INSERT and
+--    UPDATE do (ROW EXCLUSIVE: CREATE INDEX and LOCK ... IN SHARE MODE wait for an open
+--    claim), in the first call after the installation check ran again and in a later one.
+-------------------------------------------------------------------------------
+CREATE FUNCTION key_table_locks() RETURNS text LANGUAGE sql AS $$
+  SELECT string_agg(c.relname || ' ' || l.mode, ', ' ORDER BY c.relname, l.mode)
+    FROM pg_locks l JOIN pg_class c ON c.oid = l.relation
+   WHERE l.pid = pg_backend_pid() AND l.locktype = 'relation'
+     AND c.relnamespace = 'idempotency'::regnamespace
+$$;
+-- A change of the table's options makes the next call check the installation again.
+ALTER TABLE idempotency_keys SET (fillfactor = 100);
+BEGIN;
+SELECT lives_ok($$SELECT complete_key('lock-modes-1', (claim_key('lock-modes-1')).token, '{}')$$,
+                'a claim and its completion, after a change to the table');
+-- (The check reads the indexes' definitions under ACCESS SHARE, and the salt of the key locks.)
+SELECT is(key_table_locks(),
+          'idempotency_keys RowExclusiveLock, idempotency_keys_expires_at_idx AccessShareLock, '
+          'idempotency_keys_expires_at_idx RowExclusiveLock, idempotency_keys_pkey AccessShareLock, '
+          'idempotency_keys_pkey RowExclusiveLock, key_lock_salt AccessShareLock',
+          'the locks of a call that checked the installation: ROW EXCLUSIVE on the table, no other mode');
+COMMIT;
+BEGIN;
+SELECT lives_ok($$SELECT complete_key('lock-modes-2', (claim_key('lock-modes-2')).token, '{}')$$,
+                'a claim and its completion, the installation check cached');
+SELECT is(key_table_locks(),
+          'idempotency_keys RowExclusiveLock, idempotency_keys_expires_at_idx RowExclusiveLock, '
+          'idempotency_keys_pkey RowExclusiveLock',
+          'the locks of a later call: ROW EXCLUSIVE on the table and each index, nothing else');
+COMMIT;
+ALTER TABLE idempotency_keys RESET (fillfactor);
 
 SELECT ok(indexes_whole(), 'at the end every index holds every row');
 SELECT * FROM finish();

@@ -10,7 +10,7 @@
 SET client_min_messages = warning;
 SET search_path = public, idempotency;
 
-SELECT plan(16);
+SELECT plan(19);
 
 -- The value `statement` returns, or 'ERROR ' and the SQLSTATE it raises.
 CREATE FUNCTION outcome(statement text) RETURNS text LANGUAGE plpgsql AS $$
@@ -83,6 +83,32 @@ ALTER TYPE key_status RENAME VALUE 'completed' TO 'done';
 SELECT throws_like(format($$SELECT complete_key('enum-3', %L, '{}')$$, :'enum_token'),
                    '%"completed"%',
                    'enum: a renamed label is refused, never written under its new name');
+ROLLBACK;
+-- The executor path's statements name the labels too: they are prepared again after the
+-- rename (and refuse), not run with the OIDs they were prepared with.
+BEGIN;
+SET LOCAL idempotency.executor_path = on;
+SELECT (claim_key('enum-4')).token AS enum_token_4 \gset
+ALTER TYPE key_status RENAME VALUE 'completed' TO 'done';
+SELECT throws_like(format($$SELECT complete_key('enum-4', %L, '{}')$$, :'enum_token_4'),
+                   '%"completed"%',
+                   'enum, on the executor path: a renamed label is refused, never written under its new name');
+ROLLBACK;
+-- Two labels that swap names: the statements, prepared again, write the label now named
+-- 'processing' for a claim and 'completed' for a completion (kept, they would write the OIDs
+-- of the old names: a claim stored as completed, a completion as processing).
+BEGIN;
+SET LOCAL idempotency.executor_path = on;
+SELECT status FROM claim_key('enum-5') \gset
+ALTER TYPE key_status RENAME VALUE 'completed' TO 'swapping';
+ALTER TYPE key_status RENAME VALUE 'processing' TO 'completed';
+ALTER TYPE key_status RENAME VALUE 'swapping' TO 'processing';
+SELECT (claim_key('enum-6')).token AS enum_token_6 \gset
+SELECT is((SELECT status::text FROM idempotency_keys WHERE key = 'enum-6'), 'processing',
+          'enum, labels swapped, on the executor path: a claim is stored as processing');
+SELECT complete_key('enum-6', :'enum_token_6', '{}') \gset
+SELECT is((SELECT status::text FROM idempotency_keys WHERE key = 'enum-6'), 'completed',
+          'and its completion as completed');
 ROLLBACK;
 BEGIN;
 ALTER TYPE claim_status RENAME VALUE 'replay' TO 'replayed';

@@ -12,7 +12,7 @@
 \pset tuples_only on
 SET client_min_messages = warning;
 
-SELECT plan(123);
+SELECT plan(125);
 
 -- Claims k and completes it in the same statement (the inbox pattern). (Arguments by number:
 -- claim_result has a column named response.)
@@ -207,7 +207,11 @@ INSERT INTO bad_headers (headers, expected) VALUES
   (E'{"X\\nY": "x"}', '22023: response header name "X\x0aY" is not an HTTP field name / A field name is a non-empty token (RFC 9110): letters, digits and !#$%&''*+-.^_`|~.'),
   (E'{"Location": "/p/1\\r\\nSet-Cookie: s=1"}', '22023: response header "Location" has a control character / Its value holds a control character other than horizontal tab, which no HTTP field value may hold.'),
   (E'{"Vary": ["Accept", "a\\nb"]}', '22023: response header "Vary" has a control character / Element 2 of its array holds a control character other than horizontal tab, which no HTTP field value may hold.'),
-  (E'{"X-Del": "a\\u007fb"}', '22023: response header "X-Del" has a control character / Its value holds a control character other than horizontal tab, which no HTTP field value may hold.');
+  (E'{"X-Del": "a\\u007fb"}', '22023: response header "X-Del" has a control character / Its value holds a control character other than horizontal tab, which no HTTP field value may hold.'),
+  -- A bad header after one whose value is an array (jsonb orders keys by length): the message
+  -- speaks of its value, not of an element.
+  (E'{"Vary": ["Accept"], "X-Del": "a\\u007fb"}', '22023: response header "X-Del" has a control character / Its value holds a control character other than horizontal tab, which no HTTP field value may hold.'),
+  ('{"Vary": ["Accept", "Origin"], "Location": 7}', '22023: response header "Location" must be a string or an array of strings / Its value is a number.');
 SELECT is(try(format('SELECT complete_key(%L, %L, NULL, 200, %L, NULL, %L)', 'bad-h', token_of('bad-h'), '', headers)),
           expected, 'bad headers ' || headers::text || ': 22023')
   FROM bad_headers ORDER BY n;

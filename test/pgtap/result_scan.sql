@@ -10,7 +10,7 @@
 \pset tuples_only on
 SET client_min_messages = warning;
 
-SELECT plan(43);
+SELECT plan(56);
 
 -- The plan's scan of `query`: 'ours', 'function scan' or 'other'.
 CREATE FUNCTION scan_of(query text) RETURNS text LANGUAGE plpgsql AS $$
@@ -224,6 +224,15 @@ SET LOCAL idempotency.result_scan = off;
 SELECT is((SELECT count(*) FROM (VALUES (NULL::text), (NULL)) v(k),
                   LATERAL idempotency.claim_key(v.k, '\x01', '', '1 hour', '1 min', '0') c
             WHERE c.status IS NULL), 2::bigint, 'the same on the function scan');
+-- A NULL after a call that answered: the row of NULLs, not the earlier call's answer again
+-- (the scan's row is emptied before each call).
+SET LOCAL idempotency.result_scan = on;
+SELECT is(scan_of($$SELECT * FROM (VALUES (1, 'strict-after'), (2, NULL)) v(n, k), LATERAL idempotency.claim_key(v.k, '\x01', '', '1 hour', '1 min', '0') c$$),
+          'ours', 'STRICT, a key and then a NULL from rows: our scan');
+SELECT is((SELECT string_agg(v.n || ':' || coalesce(c.status::text, 'null') || ':' || (c.token IS NULL), ' ' ORDER BY v.n)
+             FROM (VALUES (1, 'strict-after'), (2, NULL)) v(n, k),
+                  LATERAL idempotency.claim_key(v.k, '\x01', '', '1 hour', '1 min', '0') c),
+          '1:claimed:false 2:null:true', 'STRICT: a NULL key after a claim answers a row of NULLs, not the claim again');
 ROLLBACK;
 
 -- A function run through a wrapper (SET, SECURITY DEFINER, an fmgr hook) keeps the function
@@ -256,6 +265,83 @@ SELECT is((SELECT count(*) FROM idempotency.idempotency_keys WHERE key IN ('app-
 GRANT EXECUTE ON FUNCTION idempotency.claim_key(text, bytea, text, interval, interval, interval)
   TO PUBLIC;
 DEALLOCATE planned_claim;
+
+-- The privilege is the current user's, as for the function scan: inside a SECURITY DEFINER
+-- function, the definer's EXECUTE counts, not the session's user's.
+CREATE ROLE result_scan_definer;
+CREATE ROLE result_scan_outsider;
+GRANT USAGE ON SCHEMA idempotency TO result_scan_definer, result_scan_outsider, result_scan_app;
+CREATE FUNCTION claim_as_definer(k text) RETURNS text LANGUAGE plpgsql SECURITY DEFINER
+  SET search_path = pg_catalog AS $$
+DECLARE
+  answer text;
+BEGIN
+  SELECT status::text INTO answer FROM idempotency.claim_key(k);
+  RETURN answer;
+END
+$$;
+ALTER FUNCTION claim_as_definer(text) OWNER TO result_scan_definer;
+CREATE FUNCTION claim_as_outsider(k text) RETURNS text LANGUAGE plpgsql SECURITY DEFINER
+  SET search_path = pg_catalog AS $$
+DECLARE
+  answer text;
+BEGIN
+  SELECT status::text INTO answer FROM idempotency.claim_key(k);
+  RETURN answer;
+END
+$$;
+ALTER FUNCTION claim_as_outsider(text) OWNER TO result_scan_outsider;
+REVOKE EXECUTE ON FUNCTION idempotency.claim_key(text, bytea, text, interval, interval, interval)
+  FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION idempotency.claim_key(text, bytea, text, interval, interval, interval)
+  TO result_scan_definer, result_scan_app;
+SELECT is(scan_of($$SELECT status FROM idempotency.claim_key('k')$$), 'ours',
+          'the definers'' query: our scan');
+-- result_scan_outsider: no EXECUTE on claim_key; result_scan_definer and result_scan_app: EXECUTE.
+SET ROLE result_scan_outsider;
+SELECT lives_ok($$SELECT claim_as_definer('definer-1')$$,
+                'a SECURITY DEFINER function whose owner has EXECUTE claims for a caller without it');
+RESET ROLE;
+SET ROLE result_scan_app;
+SELECT throws_ok($$SELECT claim_as_outsider('definer-2')$$, '42501', NULL,
+                 'a SECURITY DEFINER function whose owner lacks EXECUTE: 42501, although its caller has it');
+RESET ROLE;
+SELECT is((SELECT string_agg(key || ' ' || owner, ', ' ORDER BY key) FROM idempotency.idempotency_keys
+            WHERE key IN ('definer-1', 'definer-2')),
+          'definer-1 result_scan_definer', 'the definer''s key stored under the definer, the refused one not at all');
+GRANT EXECUTE ON FUNCTION idempotency.claim_key(text, bytea, text, interval, interval, interval)
+  TO PUBLIC;
+
+-- ROWS FROM with two calls is no single call: the function scan runs both.
+CREATE FUNCTION scan_or_error(query text) RETURNS text LANGUAGE plpgsql AS $$
+BEGIN
+  RETURN scan_of(query);
+EXCEPTION WHEN OTHERS THEN
+  RETURN SQLSTATE || ': ' || SQLERRM;
+END
+$$;
+SELECT is(scan_or_error($$SELECT * FROM ROWS FROM (idempotency.claim_key('rows-from-1'), idempotency.claim_key('rows-from-2'))$$),
+          'function scan', 'ROWS FROM (claim_key(a), claim_key(b)): the function scan');
+SELECT lives_ok($$CREATE TEMP TABLE rows_from AS
+                    SELECT count(*) AS n FROM ROWS FROM (idempotency.claim_key('rows-from-1'), idempotency.claim_key('rows-from-2'))$$,
+                'ROWS FROM of two claims runs');
+SELECT is((SELECT string_agg(key || ' ' || attempts, ', ' ORDER BY key) FROM idempotency.idempotency_keys
+            WHERE key LIKE 'rows-from-%'),
+          'rows-from-1 1, rows-from-2 1', 'both keys claimed, once each');
+-- An argument that is a correlated subquery (a SubPlan, which the function scan's expression
+-- state runs) keeps the function scan; an uncorrelated one is an InitPlan, whose value reaches
+-- our scan as a parameter.
+SELECT is(scan_or_error($$SELECT c.status FROM (VALUES (1, 'subquery-1'), (2, 'subquery-3')) v(n, k),
+                                                LATERAL idempotency.claim_key((SELECT max(x) FROM (VALUES (v.k)) t(x))) c$$),
+          'function scan', 'an argument that is a correlated subquery: the function scan');
+SELECT is((SELECT string_agg(v.k || ' ' || c.status, ', ' ORDER BY v.n)
+             FROM (VALUES (1, 'subquery-1'), (2, 'subquery-3')) v(n, k),
+                  LATERAL idempotency.claim_key((SELECT max(x) FROM (VALUES (v.k)) t(x))) c),
+          'subquery-1 claimed, subquery-3 claimed', 'and the calls claim their keys');
+SELECT is(scan_or_error($$SELECT status FROM idempotency.claim_key((SELECT 'subquery-2'))$$),
+          'ours', 'an argument that is an uncorrelated subquery: our scan');
+SELECT is((SELECT status::text FROM idempotency.claim_key((SELECT 'subquery-2'))), 'claimed',
+          'and the call claims its key');
 
 -- An error of the function comes out unchanged.
 SELECT throws_ok($$SELECT status FROM idempotency.claim_key('')$$, '22023', NULL,

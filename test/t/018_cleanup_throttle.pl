@@ -120,6 +120,17 @@ is(scalar(grep { $_->[2] } @$batches), 0, 'idle: no batch saw other sessions wor
 is(scalar(grep { $_->[3] != 0 } @$batches), 0, 'idle: no pause');
 is(scalar(grep { $_->[0] != $batch } @$batches[ 1 .. $#$batches - 1 ]), 0, "idle: the others have $batch keys");
 is($summary->[1], 0, 'idle: the summary counts no pause');
+# Each batch's cost is its own (the buffer counters are read again at every batch's start):
+# batches of the same size over the same kind of rows cost about the same, whatever came
+# before. (Costs counted from the run's start would grow with every batch, and the busy
+# calls below would then pace by them: batches of one key, pauses of a second.)
+{
+  my @full = map { $_->[1] } @$batches[ 1 .. $#$batches - 1 ];
+  my ($least, $most) = (sort { $a <=> $b } @full)[ 0, -1 ];
+  ok(@full >= 10 && $most <= 3 * $least,
+    "idle: every full batch costs about the same (from $least to $most)")
+    or BAIL_OUT('the batches\' costs are not their own: the busy calls would run for minutes');
+}
 
 # --- another session of the database holds a snapshot -------------------------------------
 my $reader = $node->background_psql('app');
@@ -149,5 +160,30 @@ $node->poll_query_until('other', 'SELECT count(*) > 100 FROM writes') or diag('t
 check_busy('transactions committed in another database', call(5000), 1);
 $node->safe_psql('postgres', q{SET application_name = 'stop writing'; SELECT pg_sleep(0.5)});
 $writer->quit;
+
+# --- a light writer in another database ---------------------------------------------------
+# One transaction about every 10 ms: a few between two looks of the cleanup. Each look counts
+# the transaction IDs taken since the last one beyond the cleanup's own batches since then
+# (one): a count of its own that grew with every batch would soon hide the writer, and the
+# call would run its last batches at full size, without pause, beside it.
+my $written = $node->safe_psql('other', 'SELECT count(*) FROM writes');
+my $light = $node->background_psql('other');
+$light->query_safe('SET synchronous_commit = off');
+$light->query_until(qr/writing/, q{\echo writing
+DO $$
+BEGIN
+  FOR i IN 1 .. 1000000 LOOP
+    INSERT INTO writes VALUES (i);
+    COMMIT;
+    EXIT WHEN EXISTS (SELECT FROM pg_stat_activity WHERE application_name = 'stop light writing');
+    PERFORM pg_sleep(0.01);
+  END LOOP;
+END $$;
+});
+$node->poll_query_until('other', "SELECT count(*) > $written + 20 FROM writes")
+  or diag('the light writer wrote nothing');
+check_busy('a light writer in another database', call(20000), 1);
+$node->safe_psql('postgres', q{SET application_name = 'stop light writing'; SELECT pg_sleep(0.5)});
+$light->quit;
 
 done_testing();

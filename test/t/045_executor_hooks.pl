@@ -24,7 +24,7 @@ $node->append_conf('postgresql.conf', qq{
 shared_preload_libraries = '$module,idempotency'
 });
 $node->append_conf('postgresql.conf', q{
-pgaudit.log = 'read, write'
+pgaudit.log = 'read, write, function'
 pgaudit.log_relation = on
 }) if $module eq 'pgaudit';
 $node->start;
@@ -36,7 +36,7 @@ $node->safe_psql('postgres', q{
 });
 
 SKIP: {
-  skip 'the audit log is pgaudit\'s', 4 unless $module eq 'pgaudit';
+  skip 'the audit log is pgaudit\'s', 5 unless $module eq 'pgaudit';
   # pgaudit logs the statements a function runs for a superuser caller (for other roles it
   # logs the top-level statement only): the claims below are a superuser's.
   my $offset = -s $node->logfile;
@@ -53,6 +53,10 @@ SKIP: {
     'the looks at the key are audited');
   is($node->safe_psql('postgres', q{SELECT status || ' ' || attempts FROM idempotency.idempotency_keys WHERE key = 'audited-1'}),
     'completed 1', 'and the key is stored as on the direct path');
+  # The object-access hook sees a call in FROM, which the extension's result scan runs in
+  # place of the function scan (src/result_scan.cpp): pgaudit's FUNCTION class logs it.
+  like($log, qr/AUDIT: SESSION,.*,FUNCTION,EXECUTE,FUNCTION,idempotency\.claim_key/,
+    'a claim in FROM (the result scan) is audited as a function call');
 }
 
 # Any role's claim takes the executor path while the hook is set: a new key is first locked

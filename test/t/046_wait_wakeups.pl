@@ -98,6 +98,57 @@ woken_by_holder('release', $committed_claim,
   sub { qq{BEGIN; SELECT release_key('$_[0]', (SELECT token FROM tokens WHERE key = '$_[0]'))} },
   'COMMIT', 'reclaimed');
 
+# Two sessions wait on one key: the holder's end wakes both (a broadcast, not one signal),
+# so neither sleeps to the end of its wait. The holder commits once both sleep, counted by
+# their own PIDs among client backends (the cleanup launcher sleeps under the same wait
+# event). Each trial's verdict is the slower waiter's: both replay, and it returns before its
+# 190 ms wait ends (a waiter left asleep returns only at its wait's end, every time).
+my $second = $node->background_psql('postgres');
+my $second_pid = $second->query_safe('SELECT pg_backend_pid()');
+sub start_second_waiting {
+  my ($key, $wait) = @_;
+  $second->{stdout} = '';
+  $second->query_until(qr/waiting/, qq{\\echo waiting
+    SELECT status || ' ' || round(extract(epoch FROM clock_timestamp() - statement_timestamp()) * 1000)
+      FROM claim_key('$key', wait => '$wait');
+    \\echo done
+  });
+}
+sub second_answer {
+  pump_until($second->{run}, $second->{timeout}, \$second->{stdout}, qr/done/);
+  my ($status, $ms) = $second->{stdout} =~ /(\w+) (\d+)/;
+  return ($status // 'none', $ms // -1);
+}
+{
+  my (@statuses, @slower);
+  for my $i (1 .. 5) {
+    my $key = "two-waiters-$i";
+    $holder->query_safe(qq{BEGIN; SELECT complete_key('$key', (claim_key('$key')).token, '{"done": 3}')});
+    start_waiting($key, "$short_wait_ms ms");
+    start_second_waiting($key, "$short_wait_ms ms");
+    $holder->query_safe(qq{DO \$\$
+      BEGIN
+        FOR i IN 1 .. 10000 LOOP
+          PERFORM pg_stat_clear_snapshot();
+          EXIT WHEN (SELECT count(*) FROM pg_stat_activity
+                      WHERE pid IN ($waiter_pid, $second_pid) AND backend_type = 'client backend'
+                        AND wait_event_type = 'Extension') = 2;
+          PERFORM pg_sleep(0.001);
+        END LOOP;
+      END \$\$;
+      COMMIT});
+    my ($status1, $ms1) = waiter_answer();
+    my ($status2, $ms2) = second_answer();
+    push @statuses, "$status1/$status2";
+    push @slower, $ms1 > $ms2 ? $ms1 : $ms2;
+  }
+  is(join(',', @statuses), join(',', ('replay/replay') x 5), 'two waiters on one key: both replay each time');
+  my $median = median(@slower);
+  cmp_ok($median, '<', $short_wait_ms,
+    "two waiters on one key: the slower returns before its ${short_wait_ms} ms wait ends (median ${median} ms, all: @slower)");
+}
+$second->quit;
+
 # The safety net: a committed claim whose lease (300 ms) runs out while the waiter waits
 # (5 s). Nobody ends a transaction: the waiter must look again on its own.
 $node->safe_psql('postgres', q{SELECT claim_key('lease-runs-out', lease => '300 ms')});
