@@ -66,11 +66,11 @@ function defaultFingerprint(req, body) {
 /**
  * A fingerprint override's answer as claim parameters.
  * @param {any} value
- * @returns {{ kind: 'json' | 'raw' | 'none', value: any }}
+ * @returns {{ kind: 'json' | 'bytes' | 'none', value: any }}
  */
 function fingerprintParam(value) {
   if (value === null || value === undefined) return { kind: 'none', value: null };
-  if (Buffer.isBuffer(value)) return { kind: 'raw', value };
+  if (Buffer.isBuffer(value)) return { kind: 'bytes', value };
   return { kind: 'json', value: JSON.stringify(value) };
 }
 
@@ -286,6 +286,7 @@ function idempotency(options) {
         }, o.retries);
       } catch (err) {
         if (sql.isUnavailable(err)) broken = true;
+        done();
         return dbProblem(res, err);
       }
       const c = /** @type {any} */ (client);
