@@ -110,7 +110,9 @@ function readBody(req, limit) {
 function storedHeaders(res) {
   /** @type {Record<string, string | string[]>} */
   const out = {};
-  const names = typeof res.getRawHeaderNames === 'function' ? res.getRawHeaderNames() : Object.keys(res.getHeaders());
+  const r = /** @type {any} */ (res); // getRawHeaderNames: Node 15.13+, not in every @types/node
+  /** @type {string[]} */
+  const names = typeof r.getRawHeaderNames === 'function' ? r.getRawHeaderNames() : Object.keys(res.getHeaders());
   for (const name of names) {
     if (NOT_STORED.has(name.toLowerCase())) continue;
     const v = res.getHeader(name);
@@ -187,7 +189,7 @@ function idempotency(options) {
     /** @param {any} chunk @param {any} [enc] */
     const push = (chunk, enc) => {
       if (chunk === undefined || chunk === null || typeof chunk === 'function') return;
-      chunks.push(Buffer.isBuffer(chunk) ? chunk : Buffer.from(chunk, typeof enc === 'string' ? enc : 'utf8'));
+      chunks.push(Buffer.isBuffer(chunk) ? chunk : Buffer.from(chunk, /** @type {BufferEncoding} */ (typeof enc === 'string' ? enc : 'utf8')));
     };
     return new Promise((resolve) => {
       /** @type {any} */ (res).writeHead = function writeHead(/** @type {number} */ status, /** @type {any[]} */ ...rest) {
@@ -221,7 +223,11 @@ function idempotency(options) {
     });
   }
 
-  /** @type {import('express').RequestHandler} */
+  /**
+   * @param {import('express').Request} req
+   * @param {import('express').Response} res
+   * @param {import('express').NextFunction} next
+   */
   async function middleware(req, res, next) {
     const raw = req.headers['idempotency-key'];
     if (raw === undefined) {
@@ -379,7 +385,11 @@ function idempotency(options) {
     }
   }
 
-  /** The published policy (GET /idempotency-policy). @type {import('express').RequestHandler} */
+  /**
+   * The published policy (GET /idempotency-policy).
+   * @param {import('express').Request} _req
+   * @param {import('express').Response} res
+   */
   function policy(_req, res) {
     res.json(policyDocument(o));
   }
