@@ -111,7 +111,9 @@ async function consume(options) {
   const requeueLater = (/** @type {import('amqplib').Message} */ msg, /** @type {number} */ ms) => {
     if (stopping) return requeueNow(msg);
     const tag = msg.fields.deliveryTag;
-    held.set(tag, { msg, timer: setTimeout(() => { held.delete(tag); requeueNow(msg); }, ms) });
+    const timer = setTimeout(() => { held.delete(tag); requeueNow(msg); }, ms);
+    timer.unref(); // a held message alone keeps no process alive: the broker requeues it on close
+    held.set(tag, { msg, timer });
   };
   /**
    * Acks msgs: one multiple ack up to the highest tag all of whose outstanding predecessors

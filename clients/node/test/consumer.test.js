@@ -70,8 +70,9 @@ const effect = (pool) => async (msg, ctx) => {
   return { applied: body.amount };
 };
 
+// A broken consumer may never settle a message: the timeout makes that a failure, not a hang.
 function dbTest(name, fn) {
-  test(name, async (t) => {
+  test(name, { timeout: 60000 }, async (t) => {
     if (!db) return t.skip(SKIP);
     await fn(t);
   });

@@ -110,8 +110,9 @@ test.before(async () => { db = await database(); if (!db) console.log(`# ${SKIP}
 test.after(closeDatabase);
 
 /** A test that needs the database: skipped without one. */
+// A broken middleware may leave a request waiting: the timeout makes that a failure, not a hang.
 function dbTest(name, fn) {
-  test(name, async (t) => {
+  test(name, { timeout: 60000 }, async (t) => {
     if (!db) return t.skip(SKIP);
     const app = await startApp(db.app, ...(fn.appArgs || []));
     try { await fn(t, app); } finally { await app.close(); }
@@ -174,9 +175,9 @@ dbTestWith('a request in flight: a duplicate gets 409 with Retry-After (whole se
   const first = postHeld(app, tenant, 'k-3', entered, release);
   await entered.promise;
   const dup = await post(app.port, 'k-3', { amount: 3 }, { 'X-Tenant': tenant });
-  assertProblem(dup, 409, /in progress/);
-  assert.match(dup.headers['retry-after'], /^[1-9][0-9]*$/);
   release.open();
+  assertProblem(dup, 409, /in progress/);
+  assert.match(dup.headers['retry-after'] ?? '', /^[1-9][0-9]*$/);
   const r = await first;
   assert.equal(r.status, 201);
   assertReplay(await post(app.port, 'k-3', { amount: 3 }, { 'X-Tenant': tenant }), r);
@@ -371,4 +372,53 @@ test('policyHandler publishes the configured ttl and methods (no database)', asy
 test('without a pool the factory refuses to start', () => {
   assert.throws(() => idempotency({}), /pool/);
   assert.throws(() => idempotency({ pool: {}, mode: 'twophase' }), /mode/);
+});
+
+/** A pool whose claims fail with SQLSTATE code `failures` times, then answer in_progress. */
+function flakyPool(code, failures) {
+  const seen = [];
+  const client = {
+    async query(text) {
+      seen.push(text.trim().split(/\s+/)[0]);
+      if (/claim_key/.test(text) && failures-- > 0) throw Object.assign(new Error(`simulated ${code}`), { code });
+      return { rows: [{ status: 'in_progress', retry_after: 2 }] };
+    },
+    release() {},
+  };
+  return { seen, pool: { connect: async () => client, query: (t, p) => client.query(t, p) } };
+}
+
+test('40001 and 40P01 on the claim: retried in a new transaction up to 3 times, then 503 with Retry-After (no database)', async () => {
+  for (const code of ['40001', '40P01']) {
+    const twice = flakyPool(code, 2);
+    let app = await startApp(twice.pool);
+    try {
+      const r = await post(app.port, 'k-r', { amount: 1 });
+      assertProblem(r, 409, /in progress/);
+      assert.equal(r.headers['retry-after'], '2');
+      assert.deepEqual(twice.seen, ['BEGIN', 'SELECT', 'ROLLBACK', 'BEGIN', 'SELECT', 'ROLLBACK', 'BEGIN', 'SELECT', 'ROLLBACK']);
+    } finally { await app.close(); }
+    const always = flakyPool(code, 3);
+    app = await startApp(always.pool);
+    try {
+      const r = await post(app.port, 'k-r', { amount: 1 });
+      assertProblem(r, 503, /retry/);
+      assert.equal(r.headers['retry-after'], '1');
+    } finally { await app.close(); }
+  }
+  // Citus' transient error is retried, recognised by its message; another XX000 is not.
+  const citus = flakyPool('XX000', 1);
+  citus.pool.connect = ((orig) => async () => {
+    const c = await orig();
+    const q = c.query;
+    c.query = async (text) => {
+      try { return await q(text); } catch (e) { e.message = 'cannot execute a distributed query from a query on a shard'; throw e; }
+    };
+    return c;
+  })(citus.pool.connect);
+  let app = await startApp(citus.pool);
+  try { assert.equal((await post(app.port, 'k-c', { amount: 1 })).status, 409); } finally { await app.close(); }
+  const internal = flakyPool('XX000', 1);
+  app = await startApp(internal.pool);
+  try { assertProblem(await post(app.port, 'k-c', { amount: 1 }), 500, /Internal/); } finally { await app.close(); }
 });
