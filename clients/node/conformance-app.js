@@ -24,6 +24,7 @@ const idem = idempotency({
   waitMs: Number(env.IDEM_WAIT_MS || 0),
   leaseSeconds: Number(env.IDEM_LEASE_SECONDS || 30),
   ttlSeconds: Number(env.IDEM_TTL_SECONDS || 86400),
+  onError: (err) => console.error('error:', err.message),
 });
 
 const app = express();
@@ -65,11 +66,8 @@ app.post('/echo', idem, async (req, res) => {
 });
 
 app.use((req, res) => { res.status(404).type('text/plain').send('not found'); });
-// A handler's exception: 500 (not stored unless IDEM_STORE_ERRORS=1).
-app.use((err, _req, res, _next) => {
-  console.error('handler error:', err.message);
-  res.status(500).json({ error: 'internal' });
-});
+// A handler's exception: 500 problem+json (not stored unless IDEM_STORE_ERRORS=1).
+app.use(idem.errorHandler);
 
 const [host, port] = (env.LISTEN || '127.0.0.1:8080').split(/:(?=\d+$)/);
 const server = app.listen(Number(port), host, () => console.log(`listening on ${host}:${port} (${mode})`));

@@ -1,7 +1,7 @@
 // Types of pg-idempotency (CommonJS). Idempotency-Key for Express and exactly-once message
 // consumers over the idempotency PostgreSQL extension.
 import type { Pool, PoolClient } from 'pg';
-import type { Request, RequestHandler } from 'express';
+import type { ErrorRequestHandler, Request, RequestHandler } from 'express';
 import type { Channel, Message } from 'amqplib';
 
 /** The longest key, in bytes (idempotency.max_key_length). */
@@ -89,6 +89,9 @@ export interface IdempotencyMiddleware extends RequestHandler {
   /** GET handler of the published policy document. */
   policy: RequestHandler;
   policyDocument(): PolicyDocument;
+  /** Express error middleware (app.use it last): a handler's exception under the middleware
+   *  becomes a 500 problem+json, not stored unless storeErrors. */
+  errorHandler: ErrorRequestHandler;
 }
 
 /** The Express middleware (put it before the route's handler). */

@@ -397,7 +397,24 @@ function idempotency(options) {
   const mw = /** @type {any} */ ((/** @type {any} */ req, /** @type {any} */ res, /** @type {any} */ next) => {
     middleware(req, res, next).catch(next);
   });
+  /**
+   * Express error middleware: a handler's exception under this middleware becomes a 500
+   * problem+json (held back and, unless storeErrors, not stored, like any 5xx).
+   * @param {any} err
+   * @param {import('express').Request} req
+   * @param {import('express').Response} res
+   * @param {import('express').NextFunction} next
+   */
+  function errorHandler(err, req, res, next) {
+    if (!(/** @type {any} */ (req)).idempotency || res.headersSent) return next(err);
+    log(err);
+    problem(res, 500, 'Internal error', o.storeErrors
+      ? 'The request failed; this answer is stored under the Idempotency-Key.'
+      : 'The request failed and nothing was stored; retrying with the same Idempotency-Key is safe.');
+  }
+
   mw.policy = policy;
+  mw.errorHandler = errorHandler;
   mw.policyDocument = () => policyDocument(o);
   return /** @type {import('../index').IdempotencyMiddleware} */ (mw);
 }

@@ -50,7 +50,7 @@ async function startApp(pool, options = {}, hooks = {}) {
   app.post('/echo', idem, (req, res) => {
     res.status(200).set('Content-Type', req.get('Content-Type')).set('X-Multi', ['a', 'b']).send(req.rawBody);
   });
-  app.use((err, _req, res, _next) => { res.status(500).json({ error: err.message }); });
+  app.use(idem.errorHandler);
   const server = await new Promise((resolve) => { const s = app.listen(0, '127.0.0.1', () => resolve(s)); });
   const { port } = server.address();
   return { port, errors, close: () => new Promise((r) => { server.closeAllConnections(); server.close(r); }) };
@@ -240,7 +240,8 @@ dbTestWith('a handler that throws: 500, nothing stored, its writes rolled back; 
   const tenant = `raise-${RUN}`;
   const h = { 'X-Tenant': tenant };
   const raised = await post(app.port, 'k-6', { amount: 1 }, { ...h, 'X-Fail': 'raise' });
-  assert.equal(raised.status, 500);
+  assertProblem(raised, 500, /Internal error/); // idem.errorHandler
+  assert.match(raised.json.detail, /nothing was stored/);
   assert.equal(await rows(db, tenant), 0, 'the handler\'s write rolled back');
   const s503 = await post(app.port, 'k-6', { amount: 1 }, { ...h, 'X-Fail': '503' });
   assert.equal(s503.status, 503);
