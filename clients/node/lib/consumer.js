@@ -180,9 +180,11 @@ async function consume(options) {
     /** @type {import('pg').PoolClient | undefined} */
     let client;
     let broken = false;
+    const onLost = () => { broken = true; }; // the session lost while held: see lib/express.js
     let inTx = false;
     try {
       client = await pool.connect();
+      client.on('error', onLost);
       const c = client;
       const claim = await sql.withRetry(async () => {
         if (o.mode === 'two_phase') return (await c.query(claimText, params)).rows[0];
@@ -206,6 +208,7 @@ async function consume(options) {
       const info = { key, scope, token: claim.token, status: claim.status, recoveryPoint: claim.recovery_point,
         attempts: claim.attempts };
       if (o.mode === 'two_phase') {
+        client.off('error', onLost);
         client.release();
         client = undefined;
         let result;
@@ -242,7 +245,7 @@ async function consume(options) {
       event({ type: 'db_error', key, message: msg, error: err });
       return requeueLater(msg, o.retryDelayMs);
     } finally {
-      if (client) client.release(broken ? true : undefined);
+      if (client) { client.off('error', onLost); client.release(broken ? true : undefined); }
     }
   }
 
@@ -263,9 +266,11 @@ async function consume(options) {
     /** @type {import('pg').PoolClient | undefined} */
     let client;
     let broken = false;
+    const onLost = () => { broken = true; }; // the session lost while held: see lib/express.js
     let inTx = false;
     try {
       client = await pool.connect();
+      client.on('error', onLost);
       const c = client;
       const rows = await sql.withRetry(async () => {
         await c.query('BEGIN');
@@ -371,7 +376,7 @@ async function consume(options) {
         requeueLater(msg, o.retryDelayMs);
       }
     } finally {
-      if (client) client.release(broken ? true : undefined);
+      if (client) { client.off('error', onLost); client.release(broken ? true : undefined); }
     }
   }
 

@@ -275,12 +275,17 @@ function idempotency(options) {
     /** @type {import('pg').PoolClient | undefined} */
     let client;
     let broken = false;
-    const done = () => { if (client) { client.release(broken ? true : undefined); client = undefined; } };
+    // A session lost while this request holds it (a server restart, a terminated backend) is
+    // an 'error' event on the client, which pg's pool listens for only while it is idle.
+    const onLost = () => { broken = true; };
+    const done = () => {
+      if (client) { client.off('error', onLost); client.release(broken ? true : undefined); client = undefined; }
+    };
     try {
       let claim;
       try {
         claim = await sql.withRetry(async () => {
-          if (!client) client = await o.pool.connect();
+          if (!client) { client = await o.pool.connect(); client.on('error', onLost); }
           if (o.mode === 'two_phase') return (await client.query(claimText, params)).rows[0];
           await client.query('BEGIN');
           try {
@@ -407,6 +412,8 @@ function idempotency(options) {
    */
   function errorHandler(err, req, res, next) {
     if (!(/** @type {any} */ (req)).idempotency || res.headersSent) return next(err);
+    // The database went away under the handler (a lost connection, 08xxx, 57P0x): 503, retry.
+    if (sql.isUnavailable(err)) return dbProblem(res, err);
     log(err);
     problem(res, 500, 'Internal error', o.storeErrors
       ? 'The request failed; this answer is stored under the Idempotency-Key.'

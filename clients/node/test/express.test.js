@@ -232,6 +232,10 @@ dbTestWith('a handler that throws: 500, nothing stored, its writes rolled back; 
   handler: async (req, res) => {
     await req.idempotency.client.query("INSERT INTO node_test_payments (tenant, amount) VALUES ($1::text, 1)", [req.get('X-Tenant')]);
     if (req.get('X-Fail') === 'raise') throw new Error('boom');
+    if (req.get('X-Fail') === 'terminate') { // the server ends this session: a lost connection
+      await db.admin.query('SELECT pg_terminate_backend($1::int)', [req.idempotency.client.processID]);
+      await req.idempotency.client.query('SELECT 1');
+    }
     if (req.get('X-Fail') === '503') return res.status(503).json({ error: 'unavailable' });
     if (req.get('X-Fail') === '400') return res.status(400).json({ error: 'bad amount' });
     res.status(201).json({ ok: true });
@@ -243,6 +247,9 @@ dbTestWith('a handler that throws: 500, nothing stored, its writes rolled back; 
   assertProblem(raised, 500, /Internal error/); // idem.errorHandler
   assert.match(raised.json.detail, /nothing was stored/);
   assert.equal(await rows(db, tenant), 0, 'the handler\'s write rolled back');
+  const lost = await post(app.port, 'k-6', { amount: 1 }, { ...h, 'X-Fail': 'terminate' });
+  assertProblem(lost, 503, /unavailable/); // the claim's connection lost under the handler
+  assert.equal(lost.headers['retry-after'], '1');
   const s503 = await post(app.port, 'k-6', { amount: 1 }, { ...h, 'X-Fail': '503' });
   assert.equal(s503.status, 503);
   assert.equal(s503.headers['idempotent-replayed'], undefined);
@@ -385,6 +392,8 @@ function flakyPool(code, failures) {
       return { rows: [{ status: 'in_progress', retry_after: 2 }] };
     },
     release() {},
+    on() {},
+    off() {},
   };
   return { seen, pool: { connect: async () => client, query: (t, p) => client.query(t, p) } };
 }
