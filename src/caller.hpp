@@ -44,6 +44,12 @@ Oid calling_role(const char* function_name);
 // unknown role raises 42704.
 text* name_of(Oid role);
 
+// The cluster's system identifier (pg_control_system()), read once per backend: with the
+// role's OID, the stamp that tells a row written by this role from one of an earlier role of
+// the same name (key_row.hpp, belongs_to). Physical replicas share it; a cluster made by
+// initdb (a restore's target, pg_upgrade's new cluster, a logical subscriber) has its own.
+int64 system_identifier();
+
 // Acts as the installation's owner for the lifetime of the object: user id switched under
 // SECURITY_RESTRICTED_OPERATION, search_path = pg_catalog, pg_temp. The destructor restores
 // both; an ERROR that unwinds past it through PostgreSQL's abort restores them too.
