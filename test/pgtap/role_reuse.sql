@@ -127,9 +127,11 @@ SELECT is((SELECT owner_oid FROM idempotency.idempotency_keys WHERE owner = 'rr_
 SELECT is((SELECT owner_system FROM idempotency.idempotency_keys WHERE owner = 'rr_alice' AND key = 'order-1'),
   (SELECT system_identifier FROM pg_control_system()), 'and this cluster''s system identifier');
 -- The newcomer's own keys work as any role's: its claim then completes and replays.
-SELECT is(rr.as_role('rr_alice', $$SELECT status::text FROM idempotency.complete_key('order-1',
-  (SELECT lease_token FROM idempotency.idempotency_keys WHERE key = 'order-1' AND owner = current_user),
-  '{"paid": "new"}'::jsonb, 200)$$), 'completed', 'the newcomer completes its own claim');
+SELECT lease_token AS new_token FROM idempotency.idempotency_keys
+ WHERE owner = 'rr_alice' AND key = 'order-1' \gset
+SELECT is(rr.as_role('rr_alice', format($$SELECT status::text FROM idempotency.complete_key('order-1',
+  %L, '{"paid": "new"}'::jsonb, 200)$$, :'new_token')), 'replay',
+  'the newcomer completes its own claim (complete_key answers with the stored row: replay)');
 SELECT is(rr.as_role('rr_alice', $$SELECT response::text FROM idempotency.claim_key('order-1', NULL::bytea)$$),
   '{"paid": "new"}', 'and replays its own response');
 -- The earlier role's tokens still fail on the keys the newcomer now holds.
@@ -197,7 +199,7 @@ SELECT rr.as_role('rr_bob', $$SELECT status::text FROM idempotency.claim_key('st
 SELECT is((SELECT format('%s %s', owner_oid = 'rr_bob'::regrole,
                          owner_system = (SELECT system_identifier FROM pg_control_system()))
              FROM idempotency.idempotency_keys WHERE owner = 'rr_bob' AND key = 'stamp-1'),
-  'true true', 'a new claim is stamped with its role and cluster');
+  't t', 'a new claim is stamped with its role and cluster');
 UPDATE idempotency.idempotency_keys SET owner_oid = NULL, owner_system = NULL
  WHERE owner = 'rr_bob' AND key = 'stamp-1';
 SELECT is(rr.as_role('rr_bob', $$SELECT status::text FROM idempotency.claim_key('stamp-1', NULL::bytea)$$),
@@ -206,13 +208,14 @@ UPDATE idempotency.idempotency_keys SET owner_oid = 4242, owner_system = 12345
  WHERE owner = 'rr_bob' AND key = 'stamp-1';
 SELECT is(rr.as_role('rr_bob', $$SELECT status::text FROM idempotency.claim_key('stamp-1', NULL::bytea)$$),
   'in_progress', 'a row stamped in another cluster is adopted by name too');
-SELECT is(rr.as_role('rr_bob', $$SELECT status::text FROM idempotency.complete_key('stamp-1',
-  (SELECT lease_token FROM idempotency.idempotency_keys WHERE key = 'stamp-1' AND owner = 'rr_bob'),
-  '{}'::jsonb, 200)$$), 'completed', 'the adopting role completes it');
+SELECT lease_token AS stamp_token FROM idempotency.idempotency_keys
+ WHERE owner = 'rr_bob' AND key = 'stamp-1' \gset
+SELECT is(rr.as_role('rr_bob', format($$SELECT status::text FROM idempotency.complete_key('stamp-1',
+  %L, '{}'::jsonb, 200)$$, :'stamp_token')), 'replay', 'the adopting role completes it');
 SELECT is((SELECT format('%s %s', owner_oid = 'rr_bob'::regrole,
                          owner_system = (SELECT system_identifier FROM pg_control_system()))
              FROM idempotency.idempotency_keys WHERE owner = 'rr_bob' AND key = 'stamp-1'),
-  'true true', 'and the completion stamps it with its role and this cluster');
+  't t', 'and the completion stamps it with its role and this cluster');
 UPDATE idempotency.idempotency_keys SET owner_oid = 4242
  WHERE owner = 'rr_bob' AND key = 'stamp-1';
 SELECT is(rr.as_role('rr_bob', $$SELECT status::text FROM idempotency.claim_key('stamp-1', NULL::bytea)$$),
