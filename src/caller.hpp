@@ -40,8 +40,9 @@ Oid calling_role(const char* function_name);
 
 // The name of `role` as the key table stores it (the key's owner), cached per backend until
 // pg_authid changes. The name, not the OID, is what identifies a key's role wherever its row
-// moves (dump and restore, COPY, logical replication, Citus nodes with their own OIDs). An
-// unknown role raises 42704.
+// moves (dump and restore, COPY, logical replication, Citus nodes with their own OIDs); the
+// row's stamp (the OID and system_identifier() below) tells, in this cluster, the role that
+// wrote it from a later role of the same name. An unknown role raises 42704.
 text* name_of(Oid role);
 
 // The cluster's system identifier (pg_control_system()), read once per backend: with the
