@@ -293,8 +293,8 @@ KeyRow complete(Session& store, const KeyName& name, const pg_uuid_t& token,
     if (!live_for(row, caller, now)) reject_missing(name);
     expires_at = add_interval(now, row->ttl);
   }
-  std::optional<KeyRow> row =
-      store.complete(name.scope, name.key, token, owner_of(caller), outcome, now, *expires_at, where);
+  std::optional<KeyRow> row = store.complete(name.scope, name.key, token, owner_of(caller), outcome,
+                                             now, *expires_at, where);
   if (row) {
     stats::count(stats::kCompleted);
     key_wait::touched(name.wait_slot(caller.role));

@@ -255,8 +255,8 @@ InsertResult insert(OpenTable& open, text* scope, text* key, const ClaimValues& 
 }
 
 std::optional<KeyRow> complete(OpenTable& open, const key_store::RowAddress& where, text* scope,
-                               text* key, const pg_uuid_t& token,
-                               const key_store::Owner& owner, const Outcome& outcome, TimestampTz now, TimestampTz expires_at,
+                               text* key, const pg_uuid_t& token, const key_store::Owner& owner,
+                               const Outcome& outcome, TimestampTz now, TimestampTz expires_at,
                                MemoryContext context) {
   if (!open_writer(open, ACL_UPDATE | ACL_SELECT, "UPDATE")) return std::nullopt;
   Relation table = open.table();

@@ -40,8 +40,8 @@ struct Owner {
 
 // Values of a fresh or renewed claim.
 struct ClaimValues {
-  text* owner;         // the claiming role's name
-  Oid owner_oid;       // its OID, and the cluster's system identifier: the row's stamp
+  text* owner;    // the claiming role's name
+  Oid owner_oid;  // its OID, and the cluster's system identifier: the row's stamp
   int64 owner_system;
   bytea* fingerprint;  // nullptr = NULL
   pg_uuid_t token;
@@ -158,12 +158,12 @@ constexpr ColumnSpec kColumns[kColumnCount] = {
     {"owner_system", INT8OID, "bigint", false, true},
 };
 // The column behind each RowColumn (index 0 unused).
-constexpr Column kRowColumnSource[] = {kStatus,       kStatus,        kFingerprint,    kResponse,
-                                       kResponseCode, kRecoveryPoint, kLeaseToken,     kLockedUntil,
-                                       kAttempts,     kTtl,           kCreatedAt,      kExpiresAt,
-                                       kLease,        kResponseBody,  kResponseHeaders,
-                                       kOwnerOid,     kOwnerSystem};
-static_assert(sizeof kRowColumnSource / sizeof kRowColumnSource[0] == key_store::kRowColumnCount + 1,
+constexpr Column kRowColumnSource[] = {
+    kStatus,     kStatus,       kFingerprint,     kResponse, kResponseCode, kRecoveryPoint,
+    kLeaseToken, kLockedUntil,  kAttempts,        kTtl,      kCreatedAt,    kExpiresAt,
+    kLease,      kResponseBody, kResponseHeaders, kOwnerOid, kOwnerSystem};
+static_assert(sizeof kRowColumnSource / sizeof kRowColumnSource[0] ==
+                  key_store::kRowColumnCount + 1,
               "one source column per RowColumn");
 
 // Is a row of the caller's name the caller's own? A row stamped in this cluster (system

@@ -38,7 +38,8 @@ constexpr const char* kWhereHolder =
 // stamped with the caller's OID ($oid) in this one ($system). Every fenced statement also
 // stamps the row it changes, so that a row adopted by name is the caller's from then on.
 std::string owned_by(const std::string& oid, const std::string& system) {
-  return " AND (owner_system IS NULL OR owner_oid IS NULL OR owner_system OPERATOR(pg_catalog.<>) " +
+  return " AND (owner_system IS NULL OR owner_oid IS NULL OR owner_system "
+         "OPERATOR(pg_catalog.<>) " +
          system + " OR owner_oid OPERATOR(pg_catalog.=) " + oid + ")";
 }
 std::string stamp(const std::string& oid, const std::string& system) {
@@ -83,16 +84,14 @@ PlanSpec claim_statement(PlanId id, const std::string& table, const std::string&
                   " expires_at = $7, lease_token = $8, locked_until = $9, recovery_point = NULL,"
                   " status = 'processing', response_code = NULL, updated_at = $6, response = NULL,"
                   " response_body = NULL, response_headers = NULL" +
-                  stamp("$11", "$12") + " WHERE " +
-                  kWhereKey + kAndOwner3,
+                  stamp("$11", "$12") + " WHERE " + kWhereKey + kAndOwner3,
               claim_types};
     case kReclaim:
       return {"UPDATE " + table +
                   " SET fingerprint = COALESCE(fingerprint, $4),"
                   " attempts = attempts OPERATOR(pg_catalog.+) 1, ttl = $5, lease = $10,"
                   " expires_at = $7, lease_token = $8, locked_until = $9, updated_at = $6" +
-                  stamp("$11", "$12") + " WHERE " +
-                  kWhereKey + kAndOwner3 + returning,
+                  stamp("$11", "$12") + " WHERE " + kWhereKey + kAndOwner3 + returning,
               claim_types};
     default:
       throw Error(ERRCODE_INTERNAL_ERROR, "unknown claim statement");
@@ -114,8 +113,7 @@ PlanSpec fenced_statement(PlanId id, const std::string& table, const std::string
               {TEXTOID, TEXTOID, UUIDOID, TEXTOID, TIMESTAMPTZOID, JSONBOID, INT4OID,
                TIMESTAMPTZOID, BYTEAOID, JSONBOID, OIDOID, INT8OID}};
     case kRelease:
-      return {"UPDATE " + table +
-                  " SET lease_token = NULL, locked_until = NULL, updated_at = $5" +
+      return {"UPDATE " + table + " SET lease_token = NULL, locked_until = NULL, updated_at = $5" +
                   stamp("$6", "$7") + " WHERE " + fence + owned_by("$6", "$7"),
               {TEXTOID, TEXTOID, UUIDOID, TEXTOID, TIMESTAMPTZOID, OIDOID, INT8OID}};
     case kCheckpoint:
@@ -423,8 +421,7 @@ KeyRow Session::reclaim(text* scope, text* key, const ClaimValues& claim) {
 }
 
 std::optional<KeyRow> Session::complete(text* scope, text* key, const pg_uuid_t& token,
-                                        const Owner& owner,
-                                        const Outcome& outcome, TimestampTz now,
+                                        const Owner& owner, const Outcome& outcome, TimestampTz now,
                                         TimestampTz expires_at, const RowAddress& where) {
   if (where.valid() && route::direct_path()) {
     if (std::optional<KeyRow> row = key_heap::complete(open_table_, where, scope, key, token, owner,
@@ -454,19 +451,24 @@ std::optional<KeyRow> Session::complete(text* scope, text* key, const pg_uuid_t&
 
 bool Session::release(text* scope, text* key, const pg_uuid_t& token, const Owner& owner,
                       TimestampTz now) {
-  Datum values[] = {PointerGetDatum(scope),      PointerGetDatum(key),
-                    UUIDPGetDatum(&token),       PointerGetDatum(owner.name),
-                    TimestampTzGetDatum(now),    ObjectIdGetDatum(owner.role),
+  Datum values[] = {PointerGetDatum(scope),     PointerGetDatum(key),
+                    UUIDPGetDatum(&token),      PointerGetDatum(owner.name),
+                    TimestampTzGetDatum(now),   ObjectIdGetDatum(owner.role),
                     Int64GetDatum(owner.system)};
   return execute(kRelease, values, nullptr, false, 0) == 1;
 }
 
 bool Session::checkpoint(text* scope, text* key, const pg_uuid_t& token, const Owner& owner,
                          text* recovery_point, TimestampTz now, TimestampTz locked_until) {
-  Datum values[] = {
-      PointerGetDatum(scope),           PointerGetDatum(key),     UUIDPGetDatum(&token),
-      PointerGetDatum(owner.name),      TimestampTzGetDatum(now), nullable(recovery_point),
-      TimestampTzGetDatum(locked_until), ObjectIdGetDatum(owner.role), Int64GetDatum(owner.system)};
+  Datum values[] = {PointerGetDatum(scope),
+                    PointerGetDatum(key),
+                    UUIDPGetDatum(&token),
+                    PointerGetDatum(owner.name),
+                    TimestampTzGetDatum(now),
+                    nullable(recovery_point),
+                    TimestampTzGetDatum(locked_until),
+                    ObjectIdGetDatum(owner.role),
+                    Int64GetDatum(owner.system)};
   char nulls[] = "         ";
   nulls[5] = null_flag(recovery_point);
   return execute(kCheckpoint, values, nulls, false, 0) == 1;

@@ -73,12 +73,10 @@ class Session {
                                  const Outcome& outcome, TimestampTz now, TimestampTz expires_at,
                                  const RowAddress& where);
   // Fenced release; false when `token` does not hold the key.
-  bool release(text* scope, text* key, const pg_uuid_t& token, const Owner& owner,
-               TimestampTz now);
+  bool release(text* scope, text* key, const pg_uuid_t& token, const Owner& owner, TimestampTz now);
   // Fenced checkpoint; false when `token` does not hold the key.
   bool checkpoint(text* scope, text* key, const pg_uuid_t& token, const Owner& owner,
-                  text* recovery_point,
-                  TimestampTz now, TimestampTz locked_until);
+                  text* recovery_point, TimestampTz now, TimestampTz locked_until);
 
  private:
   // Opens the SPI connection (and prepares the plans) on first use: a replay answered by
