@@ -44,13 +44,30 @@ void initialize(Shared* state) {
 // invalidation queue every round, then looks at pg_authid (check_roles()) and bumps the
 // generation only if a role vanished: dropped, or renamed. A cache reset (hash value 0) names
 // no row: the launcher looks then too. The process that made the change learns first, before
-// its commit; the launcher learns after it, so a look that ran before the commit is made again.
+// its commit, and counts it again at the commit; the launcher learns after it, so a look that
+// ran before the commit is made again.
+bool authid_changed_here = false;  // this transaction changed pg_authid (counted at commit)
+
+// The process that made the change counts it once more at its commit: a look of the launcher
+// between the change and the commit saw the role still there, and covered the first count.
+void count_at_commit(XactEvent event, void*) {
+  if (event == XACT_EVENT_COMMIT || event == XACT_EVENT_PARALLEL_COMMIT) {
+    if (authid_changed_here && shared != nullptr)
+      pg_atomic_fetch_add_u64(&shared->authid_changes, 1);
+    authid_changed_here = false;
+  } else if (event == XACT_EVENT_ABORT || event == XACT_EVENT_PARALLEL_ABORT) {
+    authid_changed_here = false;
+  }
+}
+
 void role_changed(Datum, SyscacheId, uint32 hash_value) {
   if (shared == nullptr) return;
-  if (is_launcher)
+  if (is_launcher) {
     roles_reset = true;
-  else if (hash_value != 0)
+  } else if (hash_value != 0) {
     pg_atomic_fetch_add_u64(&shared->authid_changes, 1);
+    authid_changed_here = authid_changed_here || IsTransactionState();
+  }
 }
 
 // The launcher's fingerprint of pg_authid: a keyed 64-bit hash (SipHash) of every (oid,
@@ -136,6 +153,7 @@ void forget_launcher(int, Datum) {
 void install() {
   shared_memory::reserve("idempotency cleanup", &shared, initialize);
   CacheRegisterSyscacheCallback(AUTHOID, role_changed, 0);
+  RegisterXactCallback(count_at_commit, nullptr);  // inherited by every backend
   previous_utility = ProcessUtility_hook;
   ProcessUtility_hook = utility_hook;
 }
