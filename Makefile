@@ -85,7 +85,8 @@ include $(PGXS)
 
 # The default version's script: the base, then each update in order (CREATE EXTENSION drops
 # their "\echo" guard lines).
-$(EXTENSION)--1.2.sql: $(EXTENSION)--1.0.sql $(EXTENSION)--1.0--1.1.sql $(EXTENSION)--1.1--1.2.sql
+$(EXTENSION)--1.3.sql: $(EXTENSION)--1.0.sql $(EXTENSION)--1.0--1.1.sql $(EXTENSION)--1.1--1.2.sql \
+                       $(EXTENSION)--1.2--1.3.sql
 	cat $^ > $@
 
 .PHONY: demo test bench format lint

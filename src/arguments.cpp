@@ -14,7 +14,7 @@ std::string KeyName::describe() const {
 
 Caller calling(const char* function_name) {
   const Oid role = caller::calling_role(function_name);
-  return {role, caller::name_of(role)};
+  return {role, caller::name_of(role), caller::system_identifier()};
 }
 
 text* text_argument(FunctionCallInfo fcinfo, int n) {

@@ -33,6 +33,7 @@ struct KeyName {
 struct Caller {
   Oid role;
   text* name;
+  int64 system = 0;  // the cluster's system identifier: with `role`, the stamp of its rows
 };
 // The calling role of the SQL function `function_name` (refused inside a
 // security-restricted operation: caller.hpp).

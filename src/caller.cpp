@@ -200,6 +200,12 @@ text* name_of(Oid role) {
   return name;
 }
 
+int64 system_identifier() {
+  static int64 identifier = 0;
+  if (identifier == 0) identifier = static_cast<int64>(GetSystemIdentifier());
+  return identifier;
+}
+
 ActingAsOwner::ActingAsOwner(const Installation& installation, SearchPath when) {
   GetUserIdAndSecContext(&saved_user_, &saved_context_);
   SetUserIdAndSecContext(installation.owner, saved_context_ | SECURITY_LOCAL_USERID_CHANGE |

@@ -40,9 +40,16 @@ Oid calling_role(const char* function_name);
 
 // The name of `role` as the key table stores it (the key's owner), cached per backend until
 // pg_authid changes. The name, not the OID, is what identifies a key's role wherever its row
-// moves (dump and restore, COPY, logical replication, Citus nodes with their own OIDs). An
-// unknown role raises 42704.
+// moves (dump and restore, COPY, logical replication, Citus nodes with their own OIDs); the
+// row's stamp (the OID and system_identifier() below) tells, in this cluster, the role that
+// wrote it from a later role of the same name. An unknown role raises 42704.
 text* name_of(Oid role);
+
+// The cluster's system identifier (pg_control_system()), read once per backend: with the
+// role's OID, the stamp that tells a row written by this role from one of an earlier role of
+// the same name (key_row.hpp, belongs_to). Physical replicas share it; a cluster made by
+// initdb (a restore's target, pg_upgrade's new cluster, a logical subscriber) has its own.
+int64 system_identifier();
 
 // Acts as the installation's owner for the lifetime of the object: user id switched under
 // SECURITY_RESTRICTED_OPERATION, search_path = pg_catalog, pg_temp. The destructor restores

@@ -45,10 +45,14 @@ ClaimResult in_progress(int64 retry_after_us) {
 enum class Verdict { kAbsent, kExpired, kMismatch, kReplay, kLeased, kReclaimable };
 
 // The SPEC's status table, applied to a row of the caller's (owner, scope, key) as read at
-// `now`. Another role's row of the same (scope, key) is another key: never read here.
-Verdict judge(const std::optional<KeyRow>& row, const bytea* fingerprint, TimestampTz now) {
+// `now`. Another role's row of the same (scope, key) is another key: never read here. A row of
+// an earlier role of the caller's name (stamped here with another OID) is as good as expired:
+// nothing of it answers, and a claim replaces it with a fresh one.
+Verdict judge(const std::optional<KeyRow>& row, const bytea* fingerprint, const Caller& caller,
+              TimestampTz now) {
   if (!row) return Verdict::kAbsent;
-  if (row->expires_at <= now) return Verdict::kExpired;
+  if (row->expires_at <= now || !key_store::belongs_to(*row, caller.role, caller.system))
+    return Verdict::kExpired;
   if (fingerprint != nullptr && row->fingerprint != nullptr &&
       !key_store::same_bytes(fingerprint, row->fingerprint))
     return Verdict::kMismatch;
@@ -60,6 +64,8 @@ Verdict judge(const std::optional<KeyRow>& row, const bytea* fingerprint, Timest
 key_store::ClaimValues claim_values(const ClaimRequest& request, TimestampTz now) {
   key_store::ClaimValues values{};
   values.owner = request.caller.name;
+  values.owner_oid = request.caller.role;
+  values.owner_system = request.caller.system;
   values.fingerprint = request.fingerprint;
   values.token = *uuid_v7::generate();
   values.now = now;
@@ -153,7 +159,7 @@ Attempt take_over(Session& store, const ClaimRequest& request, TimestampTz now) 
   // Gone (the cleanup), or locked by another transaction (a cleanup batch, the old holder
   // finishing): look again, and wait if it persists.
   if (!locked) return look_again();
-  switch (judge(locked, request.fingerprint, now)) {
+  switch (judge(locked, request.fingerprint, request.caller, now)) {
     case Verdict::kExpired: {
       const key_store::ClaimValues values = claim_values(request, now);
       store.restart(name.scope, name.key, values);
@@ -183,10 +189,19 @@ bool same_token(const std::optional<pg_uuid_t>& stored, const pg_uuid_t& token) 
 
 // Explains why a fenced statement matched no row, by throwing; returns the row only when
 // the key was completed with this very token (the caller decides whether that is a no-op).
+// A row of an earlier role of the caller's name is missing for the caller.
+bool live_for(const std::optional<KeyRow>& row, const Caller& caller, TimestampTz now) {
+  return row && row->expires_at > now && key_store::belongs_to(*row, caller.role, caller.system);
+}
+
+key_store::Owner owner_of(const Caller& caller) {
+  return {caller.name, caller.role, caller.system};
+}
+
 KeyRow explain_fence(Session& store, const KeyName& name, const pg_uuid_t& token,
                      const Caller& caller, TimestampTz now) {
   std::optional<KeyRow> row = store.find(caller.name, name.scope, name.key);
-  if (!row || row->expires_at <= now) reject_missing(name);
+  if (!live_for(row, caller, now)) reject_missing(name);
   if (row->completed && same_token(row->lease_token, token)) return *row;
   if (row->completed)
     throw Error(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE,
@@ -231,7 +246,7 @@ ClaimResult claim(Session& store, const ClaimRequest& request) {
     const std::optional<KeyRow> row =
         store.peek(request.caller.name, name.scope, name.key, &known_absent, !first_look);
     Attempt attempt;
-    switch (judge(row, request.fingerprint, now)) {
+    switch (judge(row, request.fingerprint, request.caller, now)) {
       case Verdict::kMismatch:
         stats::count(stats::kMismatched);
         return stored_answer(Status::kMismatch, *row);
@@ -275,11 +290,11 @@ KeyRow complete(Session& store, const KeyName& name, const pg_uuid_t& token,
     // A fresh snapshot, not the statement's: the claim may have been made earlier in this
     // very statement (claims of more keys than own_claims keeps), invisible to that snapshot.
     std::optional<KeyRow> row = store.find(caller.name, name.scope, name.key);
-    if (!row || row->expires_at <= now) reject_missing(name);
+    if (!live_for(row, caller, now)) reject_missing(name);
     expires_at = add_interval(now, row->ttl);
   }
-  std::optional<KeyRow> row =
-      store.complete(name.scope, name.key, token, caller.name, outcome, now, *expires_at, where);
+  std::optional<KeyRow> row = store.complete(name.scope, name.key, token, owner_of(caller), outcome,
+                                             now, *expires_at, where);
   if (row) {
     stats::count(stats::kCompleted);
     key_wait::touched(name.wait_slot(caller.role));
@@ -295,7 +310,7 @@ KeyRow complete(Session& store, const KeyName& name, const pg_uuid_t& token,
 
 void release(Session& store, const KeyName& name, const pg_uuid_t& token, const Caller& caller,
              TimestampTz now) {
-  if (!store.release(name.scope, name.key, token, caller.name, now)) {
+  if (!store.release(name.scope, name.key, token, owner_of(caller), now)) {
     (void)explain_fence(store, name, token, caller, now);
     throw Error(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE,
                 "idempotency key " + name.describe() + " is completed and cannot be released");
@@ -308,11 +323,12 @@ TimestampTz checkpoint(Session& store, const KeyName& name, const pg_uuid_t& tok
                        TimestampTz now) {
   if (!lease) {
     const std::optional<KeyRow> row = store.find(caller.name, name.scope, name.key);
-    if (!row || row->expires_at <= now) reject_missing(name);
+    if (!live_for(row, caller, now)) reject_missing(name);
     lease = row->lease;
   }
   const TimestampTz until = add_interval(now, *lease);
-  if (!store.checkpoint(name.scope, name.key, token, caller.name, recovery_point, now, until)) {
+  if (!store.checkpoint(name.scope, name.key, token, owner_of(caller), recovery_point, now,
+                        until)) {
     (void)explain_fence(store, name, token, caller, now);
     throw Error(
         ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE,

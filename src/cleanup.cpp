@@ -153,6 +153,12 @@ bool should_stop(const Request& request, TimestampTz started) {
   return false;
 }
 
+// Has a pass that wraps come round to where it stood when the last role change arrived?
+bool came_round(const stats::OrphanPass& pass) {
+  return pass.wrapped && (pass.relation > pass.stop_relation ||
+                          (pass.relation == pass.stop_relation && pass.block >= pass.stop_block));
+}
+
 // One batch of the pass over keys of dropped or renamed roles: the next range of blocks from
 // where `pass` stands, in the relation it has reached or the next one (a shard may have moved
 // away). Moves `pass` on and adds to `deleted`; true when the pass is complete.
@@ -160,34 +166,51 @@ bool orphan_batch(Oid table, int batch_size, stats::OrphanPass& pass, uint64& de
   const BlockNumber blocks_per_batch =
       static_cast<BlockNumber>(std::max(1, batch_size / kRowsPerPage));
   const std::vector<Oid> relations = statements::key_relations(table);
-  auto at = std::lower_bound(relations.begin(), relations.end(), pass.relation);
-  if (at != relations.end() && *at != pass.relation) pass.block = 0;
-  for (; at != relations.end(); ++at, pass.block = 0) {
-    const BlockNumber blocks = statements::relation_blocks(*at);
-    if (pass.block >= blocks) continue;
-    pass.relation = *at;
-    const BlockNumber end = pass.block + std::min(blocks_per_batch, blocks - pass.block);
-    const statements::Orphans orphans =
-        statements::delete_orphans_in(*at, pass.block, end, batch_size);
-    deleted = orphans.deleted;
-    pass.skipped_locked = pass.skipped_locked || orphans.skipped;
-    // A full batch may have left more in the same blocks: they are read again.
-    if (deleted < static_cast<uint64>(batch_size)) pass.block = end;
-    return false;
+  for (;;) {
+    if (came_round(pass)) return true;
+    auto at = std::lower_bound(relations.begin(), relations.end(), pass.relation);
+    if (at != relations.end() && *at != pass.relation) pass.block = 0;
+    for (; at != relations.end(); ++at, pass.block = 0) {
+      const BlockNumber blocks = statements::relation_blocks(*at);
+      pass.relation = *at;
+      if (came_round(pass)) return true;
+      if (pass.block >= blocks) continue;
+      const BlockNumber end = pass.block + std::min(blocks_per_batch, blocks - pass.block);
+      const statements::Orphans orphans =
+          statements::delete_orphans_in(*at, pass.block, end, batch_size);
+      deleted = orphans.deleted;
+      pass.skipped_locked = pass.skipped_locked || orphans.skipped;
+      // A full batch may have left more in the same blocks: they are read again.
+      if (deleted < static_cast<uint64>(batch_size)) pass.block = end;
+      return false;
+    }
+    // The end of the last relation: done, unless a change arrived on the way and the blocks
+    // before where the pass stood then are still to be read.
+    if (!pass.wraps || pass.wrapped) return true;
+    pass.wrapped = true;
+    pass.relation = InvalidOid;
+    pass.block = 0;
   }
-  return true;
 }
 
-// The pass over keys of dropped or renamed roles, when one is due; false when the run must
-// stop (paused, out of time) before the expired keys.
+// The pass over keys of dropped or renamed roles, when one is due (a role was dropped or
+// renamed since the last complete pass); false when the run must stop (paused, out of time).
 bool delete_orphans(const Request& request, Oid table, TimestampTz started, Throttle& throttle,
                     Progress& progress) {
   const Oid database = MyDatabaseId;
   const uint64 generation = cleanup_shared::role_generation();
-  if (!stats::orphan_pass_due(database, table, generation)) return true;
+  if (!stats::orphan_pass_due(database, table, generation, request.requester != 0)) return true;
   stats::OrphanPass pass = stats::orphan_pass_progress(database);
-  if (!request.resume || pass.generation != generation || pass.table != table)
+  if (!request.resume || pass.generation == 0 || pass.table != table) {
     pass = {generation, table, InvalidOid, 0, false};
+  } else if (pass.generation != generation) {
+    // Another change since the pass started: it goes on from here, and round to here again.
+    pass.generation = generation;
+    pass.wraps = pass.relation != InvalidOid || pass.block != 0;
+    pass.wrapped = false;
+    pass.stop_relation = pass.relation;
+    pass.stop_block = pass.block;
+  }
   for (;;) {
     const int rows = throttle.start_batch(request.batch_size);
     bool complete = false;
@@ -206,8 +229,7 @@ bool delete_orphans(const Request& request, Oid table, TimestampTz started, Thro
     if (complete && pass.skipped_locked) {
       // Keys of no role were locked by another transaction and skipped: the pass is due
       // again, from the start, in the next round or call (a pass marked done would leave
-      // them until the next role change, and a role created under the old name would
-      // receive them).
+      // them until the next role change).
       stats::save_orphan_pass_progress(database, {generation, table, InvalidOid, 0, false});
       return true;
     }
@@ -275,8 +297,11 @@ void run(const Request& request, Progress& progress) {
   }
   progress.installed = true;
   Throttle throttle(request.requester);
-  if (delete_orphans(request, table, started, throttle, progress))
-    delete_expired_keys(request, started, throttle, progress);
+  // Expired keys first, every round, whatever happens to roles; then the pass over keys of
+  // dropped roles, with the time left (it resumes where it stopped in the next round).
+  delete_expired_keys(request, started, throttle, progress);
+  if (progress.paused || progress.unfinished) return;
+  (void)delete_orphans(request, table, started, throttle, progress);
 }
 
 void abort_failed_batch() noexcept {

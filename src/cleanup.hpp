@@ -4,14 +4,18 @@
 //
 // Every batch is its own transaction, committed before the next starts, working as the
 // extension owner (caller::ActingAsOwner), bounded by a deadline (worker_session.hpp). Two
-// kinds of batch:
-//   - keys whose owner names no role (a dropped or renamed role's), walked along the heap in
-//     ranges of blocks (a TID range scan): a pass over a big table reads each page once, with
-//     one join against pg_authid per range. A pass runs only when the role generation
-//     (cleanup_shared.hpp) moved since this database's last complete pass, so a round with no
-//     role dropped costs nothing for them however many roles own keys; without shared memory
-//     (or while no launcher runs) every run makes the pass. A pass that a round's time ends goes on
-//     in the next round.
+// kinds of batch, expired keys first in every run (nothing that happens to roles delays them),
+// then the pass over keys of dropped roles with the time left:
+//   - keys that no role owns (a dropped or renamed role's: the owner's name names no role, or
+//     the row's stamp, key_row.hpp, names an OID of this cluster that is not the role of that
+//     name), walked along the heap in ranges of blocks (a TID range scan): a pass over a big
+//     table reads each page once, with one join against pg_authid per range, and stamps the
+//     rows from another cluster or from 1.2 with the OID of the role of their name. A pass runs
+//     only when the role generation (cleanup_shared.hpp: a role dropped or renamed) moved since
+//     this database's last complete pass, so a round with no role dropped costs nothing for them
+//     however many roles own keys; without shared memory (or while no launcher runs) every run
+//     makes the pass. A pass that a round's time ends goes on in the next round, and one that a
+//     later change overtakes goes on too and comes round to where it stood (never from block 0).
 //   - expired keys: up to batch_size rows with from <= expires_at <= now, in index order,
 //     locked FOR UPDATE SKIP LOCKED (a claim holding a row is never blocked, and never loses
 //     its row) and deleted; the next batch starts from the largest expires_at deleted, so a run

@@ -11,6 +11,8 @@ namespace {
 
 struct Shared {
   pg_atomic_uint64 role_generation;
+  pg_atomic_uint64 authid_changes;  // pg_authid changes that processes learned of
+  pg_atomic_uint64 authid_checked;  // the changes the launcher's last look covered
   pg_atomic_uint64 extension_generation;
   slock_t mutex;  // guards what follows
   PGPROC* launcher;
@@ -26,6 +28,8 @@ bool roles_reset = true;  // launcher: pg_authid must be read (at start, after a
 void initialize(Shared* state) {
   // Generations start at 1: a database whose pass has never run remembers 0.
   pg_atomic_init_u64(&state->role_generation, 1);
+  pg_atomic_init_u64(&state->authid_changes, 0);
+  pg_atomic_init_u64(&state->authid_checked, 0);
   pg_atomic_init_u64(&state->extension_generation, 1);
   SpinLockInit(&state->mutex);
   state->launcher = nullptr;
@@ -33,18 +37,37 @@ void initialize(Shared* state) {
   for (Entry& entry : state->entries) entry = Entry{};
 }
 
-// A pg_authid row changed (a role created, altered, renamed or dropped): every process that
-// learns of it bumps the counter, more bumps than events cost one extra pass at most. The
-// process that made the change learns first, before its commit: a pass that starts then
-// and sees the role still there is followed by another, as the launcher (and every other
-// process) learns of the change after the commit. A cache reset (hash value 0) names no row:
-// only the launcher acts on it, by looking (check_roles()).
+// A pg_authid row changed (a role created, altered, renamed or dropped, a password set): most
+// changes cannot orphan a key, and a role with LOGIN alone can make them at will (ALTER ROLE
+// CURRENT_USER PASSWORD), so no change bumps the role generation by itself. Each process
+// that learns of a change counts it (authid_changes); the launcher, which reads the
+// invalidation queue every round, then looks at pg_authid (check_roles()) and bumps the
+// generation only if a role vanished: dropped, or renamed. A cache reset (hash value 0) names
+// no row: the launcher looks then too. The process that made the change learns first, before
+// its commit, and counts it again at the commit; the launcher learns after it, so a look that
+// ran before the commit is made again.
+bool authid_changed_here = false;  // this transaction changed pg_authid (counted at commit)
+
+// The process that made the change counts it once more at its commit: a look of the launcher
+// between the change and the commit saw the role still there, and covered the first count.
+void count_at_commit(XactEvent event, void*) {
+  if (event == XACT_EVENT_COMMIT || event == XACT_EVENT_PARALLEL_COMMIT) {
+    if (authid_changed_here && shared != nullptr)
+      pg_atomic_fetch_add_u64(&shared->authid_changes, 1);
+    authid_changed_here = false;
+  } else if (event == XACT_EVENT_ABORT || event == XACT_EVENT_PARALLEL_ABORT) {
+    authid_changed_here = false;
+  }
+}
+
 void role_changed(Datum, SyscacheId, uint32 hash_value) {
   if (shared == nullptr) return;
-  if (hash_value != 0)
-    pg_atomic_fetch_add_u64(&shared->role_generation, 1);
-  else if (is_launcher)
+  if (is_launcher) {
     roles_reset = true;
+  } else if (hash_value != 0) {
+    pg_atomic_fetch_add_u64(&shared->authid_changes, 1);
+    authid_changed_here = authid_changed_here || IsTransactionState();
+  }
 }
 
 // The launcher's fingerprint of pg_authid: a keyed 64-bit hash (SipHash) of every (oid,
@@ -130,6 +153,7 @@ void forget_launcher(int, Datum) {
 void install() {
   shared_memory::reserve("idempotency cleanup", &shared, initialize);
   CacheRegisterSyscacheCallback(AUTHOID, role_changed, 0);
+  RegisterXactCallback(count_at_commit, nullptr);  // inherited by every backend
   previous_utility = ProcessUtility_hook;
   ProcessUtility_hook = utility_hook;
 }
@@ -140,6 +164,11 @@ bool available() {
 
 uint64 role_generation() {
   return shared == nullptr ? 0 : pg_atomic_read_u64(&shared->role_generation);
+}
+
+bool role_change_pending() {
+  return shared != nullptr &&
+         pg_atomic_read_u64(&shared->authid_changes) != pg_atomic_read_u64(&shared->authid_checked);
 }
 
 uint64 extension_generation() {
@@ -176,6 +205,8 @@ bool launcher_running() {
 void check_roles() {
   if (shared == nullptr || !roles_reset) return;
   roles_reset = false;
+  // Read before pg_authid: a change counted later is looked at again.
+  const uint64 changes = pg_atomic_read_u64(&shared->authid_changes);
   if (known_roles.context == nullptr) {
     known_roles.context =
         AllocSetContextCreate(TopMemoryContext, "idempotency roles", ALLOCSET_SMALL_SIZES);
@@ -183,6 +214,7 @@ void check_roles() {
   }
   if (!known_roles.keyed) {
     pg_atomic_fetch_add_u64(&shared->role_generation, 1);
+    pg_atomic_write_u64(&shared->authid_checked, changes);
     return;
   }
   MemoryContext old = MemoryContextSwitchTo(known_roles.context);
@@ -220,6 +252,7 @@ void check_roles() {
     vanished = j == count || hashes[j] != known_roles.hashes[i];
   }
   if (vanished) pg_atomic_fetch_add_u64(&shared->role_generation, 1);
+  pg_atomic_write_u64(&shared->authid_checked, changes);
   if (known_roles.hashes != nullptr) pfree(known_roles.hashes);
   known_roles.hashes = hashes;
   known_roles.count = count;

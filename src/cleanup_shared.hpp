@@ -1,14 +1,16 @@
 // What the cleanup launcher, its database workers and the sessions share (SPEC §5), in
 // shared memory (shared_preload_libraries only):
-//   - the role generation: a counter that every process bumps when it learns of a change of
-//     a pg_authid row (a syscache callback on AUTHOID). A cleanup runs its pass over keys of
-//     dropped or renamed roles only when the counter moved since that database's last
+//   - the role generation: a counter bumped when a role vanished (was dropped or renamed),
+//     the only changes of pg_authid that can orphan keys. A cleanup runs its pass over keys
+//     of dropped or renamed roles only when the counter moved since that database's last
 //     complete pass, so that with no role dropped a round costs the same with 10 or 10,000
-//     owners. A cache reset (a process fell behind the invalidation queue, common on a
-//     server with much DDL) names no row: the launcher, which reads the queue every round,
-//     then compares a fingerprint of pg_authid with the last one and bumps the counter only
-//     if a role vanished (was dropped or renamed); without a launcher every cleanup makes the
-//     pass;
+//     owners, and no other change of pg_authid (a password, which any role with LOGIN can set
+//     in a loop) starts one. Every process counts the pg_authid changes it learns of (a
+//     syscache callback on AUTHOID); the launcher, which reads the invalidation queue every
+//     round, then compares a keyed fingerprint of pg_authid's (OID, name) pairs with the last
+//     one and bumps the counter only if a pair vanished. A change the launcher has not looked
+//     at yet makes an idempotency_cleanup() call run the pass (role_change_pending()); without
+//     a launcher every cleanup makes the pass;
 //   - the extension generation: bumped at the commit of every CREATE EXTENSION idempotency
 //     (a ProcessUtility hook), so that the launcher looks again at databases it found
 //     without the extension only when one may have it now;
@@ -44,6 +46,8 @@ bool available();
 
 // The current role generation; 0 without shared memory (then every cleanup runs the pass).
 uint64 role_generation();
+// A pg_authid change was counted that the launcher has not looked at yet.
+bool role_change_pending();
 // The current extension generation; 0 without shared memory.
 uint64 extension_generation();
 

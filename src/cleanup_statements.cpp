@@ -3,6 +3,7 @@
 
 #include <algorithm>
 
+#include "caller.hpp"
 #include "key_store.hpp"
 #include "pg_boundary.hpp"
 
@@ -24,16 +25,20 @@ std::string batch_sql(const std::string& table) {
          " SELECT pg_catalog.count(*), pg_catalog.max(expires_at) FROM gone";
 }
 
-// Up to $3 keys in the blocks [$1, $2) whose owner names no role (dropped or renamed),
-// locked without waiting and deleted. The owner is the role's name, compared with
-// pg_authid.rolname; the range is read by a TID range scan. Also counts the keys of no role
-// that the statement's snapshot sees in the range (the deleted ones among them): more than
-// were deleted, in a batch that was not full, means some were skipped, locked by another
-// transaction, and the pass must be made again.
+// Up to $3 keys in the blocks [$1, $2) that no role owns, locked without waiting and deleted:
+// a key whose owner names no role (dropped or renamed), and a key stamped in this cluster ($4,
+// the system identifier) whose OID is no longer the role of that name (dropped, renamed, or
+// its name taken by a newer role; key_row.hpp, belongs_to). The range is read by a TID range
+// scan. Also counts the keys of no role that the statement's snapshot sees in the range (the
+// deleted ones among them): more than were deleted, in a batch that was not full, means some
+// were skipped, locked by another transaction, and the pass must be made again.
+constexpr const char* kForeign =
+    "(k.owner_oid IS NULL OR k.owner_system IS NULL OR k.owner_system OPERATOR(pg_catalog.<>) ";
 std::string orphans_sql(const std::string& table) {
   const std::string orphan =
       " NOT EXISTS (SELECT FROM pg_catalog.pg_authid a"
-      " WHERE a.rolname OPERATOR(pg_catalog.=) k.owner)";
+      " WHERE a.rolname OPERATOR(pg_catalog.=) k.owner AND " +
+      std::string(kForeign) + "$4 OR a.oid OPERATOR(pg_catalog.=) k.owner_oid))";
   const std::string in_range =
       " k WHERE ctid OPERATOR(pg_catalog.>=) $1 AND ctid OPERATOR(pg_catalog.<) $2 AND";
   return "WITH gone AS (DELETE FROM " + table + " k WHERE ctid OPERATOR(pg_catalog.=) ANY " +
@@ -43,7 +48,22 @@ std::string orphans_sql(const std::string& table) {
          in_range + orphan + ") FROM gone";
 }
 
-enum PlanId { kBatch, kOrphans, kPlanCount };
+// The keys in the blocks [$1, $2) that are unstamped or stamped in another cluster (restored,
+// replicated, moved here) and whose owner names a role: stamped with that role's OID and this
+// cluster's system identifier ($3), so that a role made later under the same name no longer
+// adopts them. Rows locked by another transaction are skipped (a claim writing one stamps it).
+std::string adopt_sql(const std::string& table) {
+  const std::string foreign = std::string(kForeign) + "$3)";
+  return "WITH adopted AS (UPDATE " + table +
+         " k SET owner_oid = a.oid, owner_system = $3 FROM pg_catalog.pg_authid a"
+         " WHERE k.ctid OPERATOR(pg_catalog.=) ANY (ARRAY(SELECT ctid FROM " +
+         table +
+         " k WHERE ctid OPERATOR(pg_catalog.>=) $1 AND ctid OPERATOR(pg_catalog.<) $2 AND " +
+         foreign + " FOR UPDATE SKIP LOCKED)) AND a.rolname OPERATOR(pg_catalog.=) k.owner AND " +
+         foreign + " RETURNING 1) SELECT pg_catalog.count(*) FROM adopted";
+}
+
+enum PlanId { kBatch, kOrphans, kAdopt, kPlanCount };
 
 // Plans kept by the process for the relation they were made for (the table, or a Citus
 // shard; a new OID after DROP and CREATE EXTENSION makes them stale).
@@ -73,9 +93,12 @@ SPIPlanPtr plan_for(Oid relation, PlanId id) {
   if (id == kBatch) {
     sql = batch_sql(name);
     types = {TIMESTAMPTZOID, INT4OID, TIMESTAMPTZOID};
-  } else {
+  } else if (id == kOrphans) {
     sql = orphans_sql(name);
-    types = {TIDOID, TIDOID, INT4OID};
+    types = {TIDOID, TIDOID, INT4OID, INT8OID};
+  } else {
+    sql = adopt_sql(name);
+    types = {TIDOID, TIDOID, INT8OID};
   }
   SPIPlanPtr plan = pg_call([&] {
     // Generic from the start: the shape (an index scan, or a TID range scan, under a LIMIT)
@@ -221,10 +244,14 @@ Orphans delete_orphans_in(Oid relation, BlockNumber from, BlockNumber to, int li
   ItemPointerData high;
   ItemPointerSet(&low, from, 0);
   ItemPointerSet(&high, to, 0);
-  Datum values[] = {PointerGetDatum(&low), PointerGetDatum(&high), Int32GetDatum(limit)};
+  const Datum system = Int64GetDatum(caller::system_identifier());
+  Datum values[] = {PointerGetDatum(&low), PointerGetDatum(&high), Int32GetDatum(limit), system};
   const Row row = run_one_row(relation, kOrphans, values, {INT8OID, INT8OID});
+  Datum adopt_values[] = {PointerGetDatum(&low), PointerGetDatum(&high), system};
+  const Row adopted = run_one_row(relation, kAdopt, adopt_values, {INT8OID});
   Orphans orphans;
   orphans.deleted = static_cast<uint64>(row.count);
+  orphans.adopted = static_cast<uint64>(adopted.count);
   // A full batch leaves the rest to the next batch over the same blocks: nothing skipped yet.
   orphans.skipped = row.count < limit && row.second_count > row.count;
   return orphans;

@@ -21,9 +21,12 @@ Batch delete_expired(Oid table, TimestampTz now, TimestampTz from, int batch_siz
 
 // Up to `limit` keys of dropped or renamed roles in the blocks [from, to) of `relation`: how
 // many were deleted, and whether any was skipped, locked by another transaction (FOR UPDATE
-// SKIP LOCKED: the cleanup never waits), so that the pass is not complete.
+// SKIP LOCKED: the cleanup never waits), so that the pass is not complete. Then the keys of
+// the range written elsewhere or before 1.3 whose owner names a role are stamped with that
+// role (adopted).
 struct Orphans {
   uint64 deleted = 0;
+  uint64 adopted = 0;
   bool skipped = false;
 };
 Orphans delete_orphans_in(Oid relation, BlockNumber from, BlockNumber to, int limit);

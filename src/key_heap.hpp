@@ -125,7 +125,7 @@ InsertResult insert(OpenTable& table, text* scope, text* key, const ClaimValues&
 // Snapshot: SnapshotSelf on the row at `where` (this transaction's newest version); a HOT
 // update when the page has room, new index entries otherwise.
 std::optional<KeyRow> complete(OpenTable& table, const key_store::RowAddress& where, text* scope,
-                               text* key, const pg_uuid_t& token, text* owner,
+                               text* key, const pg_uuid_t& token, const key_store::Owner& owner,
                                const Outcome& outcome, TimestampTz now, TimestampTz expires_at,
                                MemoryContext context);
 

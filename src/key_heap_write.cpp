@@ -142,19 +142,25 @@ void new_claim_values(const ClaimValues& claim, text* scope, text* key, Datum* v
   set(kLockedUntil, TimestampTzGetDatum(claim.locked_until));
   set(kStatus, ObjectIdGetDatum(layout.processing_label));
   set(kUpdatedAt, TimestampTzGetDatum(claim.now));
+  set(kOwnerOid, ObjectIdGetDatum(claim.owner_oid));
+  set(kOwnerSystem, Int64GetDatum(claim.owner_system));
 }
 
 // The fence of a completion, on the columns of the row at the claim's address: `token`
-// holds a live processing row of (owner, scope, key). The executor path's statements state
+// holds a live processing row of (owner, scope, key) that is the owner's (key_row.hpp,
+// belongs_to). The executor path's statements state
 // the same condition in SQL (key_store.cpp, kWhereHolder).
 // pg-frame: runs inside pg_call only (owns no C++ object).
-bool holds(const Datum* values, const bool* nulls, const pg_uuid_t& token, text* owner, text* scope,
-           text* key, TimestampTz now) {
+bool holds(const Datum* values, const bool* nulls, const pg_uuid_t& token,
+           const key_store::Owner& owner, text* scope, text* key, TimestampTz now) {
   const key_layout::Layout& layout = key_layout::current();
   auto at = [&](Column column) { return layout.attnum[column] - 1; };
   return !nulls[at(kLeaseToken)] &&
          memcmp(DatumGetUUIDP(values[at(kLeaseToken)])->data, token.data, UUID_LEN) == 0 &&
-         same_text(values[at(kOwner)], owner) &&
+         same_text(values[at(kOwner)], owner.name) &&
+         (nulls[at(kOwnerOid)] || nulls[at(kOwnerSystem)] ||
+          DatumGetInt64(values[at(kOwnerSystem)]) != owner.system ||
+          DatumGetObjectId(values[at(kOwnerOid)]) == owner.role) &&
          DatumGetObjectId(values[at(kStatus)]) == layout.processing_label &&
          DatumGetTimestampTz(values[at(kExpiresAt)]) > now &&
          same_text(values[at(kScope)], scope) && same_text(values[at(kKey)], key);
@@ -249,7 +255,7 @@ InsertResult insert(OpenTable& open, text* scope, text* key, const ClaimValues& 
 }
 
 std::optional<KeyRow> complete(OpenTable& open, const key_store::RowAddress& where, text* scope,
-                               text* key, const pg_uuid_t& token, text* owner,
+                               text* key, const pg_uuid_t& token, const key_store::Owner& owner,
                                const Outcome& outcome, TimestampTz now, TimestampTz expires_at,
                                MemoryContext context) {
   if (!open_writer(open, ACL_UPDATE | ACL_SELECT, "UPDATE")) return std::nullopt;

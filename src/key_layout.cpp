@@ -83,7 +83,11 @@ LayoutCheck read_columns(TupleDesc desc, Layout& l) {
       needs(l, route::ExecutorReason::kIdentityGenerated);
   }
   for (int column = 0; column < kColumnCount; ++column)
-    if (l.attnum[column] == InvalidAttrNumber) return {LayoutProblem::kMissingColumn, column};
+    if (l.attnum[column] == InvalidAttrNumber)
+      // The owner's stamp came with 1.3: a 1.2 table, not a damaged one.
+      return {column == kOwnerOid || column == kOwnerSystem ? LayoutProblem::kOldVersion
+                                                            : LayoutProblem::kMissingColumn,
+              column};
   return {};
 }
 
@@ -179,7 +183,8 @@ void load_layout(Relation table) {
                   {},
                   "A table made by an older version needs: ALTER EXTENSION idempotency UPDATE.");
     case LayoutProblem::kOldVersion:
-      reject_old_table();
+      if (check.column == kOwner) reject_old_table();
+      reject_unstamped_table();
     case LayoutProblem::kNone:
       break;
   }
@@ -191,7 +196,14 @@ void load_layout(Relation table) {
 void reject_old_table() {
   throw Error(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE,
               "idempotency_keys was made by idempotency 1.1 or older",
-              "This library needs the 1.2 table, whose owner column holds the role's name.",
+              "This library needs the 1.3 table, whose owner column holds the role's name.",
+              "Run ALTER EXTENSION idempotency UPDATE in this database.");
+}
+
+void reject_unstamped_table() {
+  throw Error(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE,
+              "idempotency_keys was made by idempotency 1.2",
+              "This library needs the 1.3 table, whose rows carry their owner's OID and cluster.",
               "Run ALTER EXTENSION idempotency UPDATE in this database.");
 }
 

@@ -47,6 +47,8 @@ key_store::KeyRow decode_values(const Datum* values, const bool* nulls, MemoryCo
 // before ALTER EXTENSION UPDATE. Both paths raise it: the direct path from the table's layout
 // (of()), the executor path before it prepares its statements (key_store.cpp).
 [[noreturn]] void reject_old_table();
+// 55000 for a table made by 1.2 (no owner_oid, owner_system), raised the same ways.
+[[noreturn]] void reject_unstamped_table();
 
 // Registers the callbacks that forget the cached layout; called from _PG_init.
 void on_load();

@@ -24,11 +24,25 @@ struct KeyRow {
   Interval lease;  // the lease the claim was made with (checkpoint_key renews by it)
   TimestampTz created_at;
   TimestampTz expires_at;
+  // The owner's stamp (1.3): the role's OID and the system identifier of the cluster that
+  // wrote it; InvalidOid / nullopt where unstamped (a row from 1.2, or written elsewhere).
+  Oid owner_oid;
+  std::optional<int64> owner_system;
+};
+
+// The role a completion, release or checkpoint acts for: its name (the row's owner) and the
+// stamp its rows carry (belongs_to below).
+struct Owner {
+  text* name;
+  Oid role;
+  int64 system;
 };
 
 // Values of a fresh or renewed claim.
 struct ClaimValues {
-  text* owner;         // the claiming role's name
+  text* owner;    // the claiming role's name
+  Oid owner_oid;  // its OID, and the cluster's system identifier: the row's stamp
+  int64 owner_system;
   bytea* fingerprint;  // nullptr = NULL
   pg_uuid_t token;
   TimestampTz now;
@@ -75,7 +89,10 @@ enum RowColumn {
   kRowLease,
   kRowResponseBody,
   kRowResponseHeaders,
+  kRowOwnerOid,
+  kRowOwnerSystem,
 };
+constexpr int kRowColumnCount = kRowOwnerSystem;
 
 // ---------------------------------------------------------------------------------------
 // The columns of the table: the one list both paths use (the direct path finds each by its
@@ -101,9 +118,12 @@ enum Column {
   kResponse,
   kResponseBody,
   kResponseHeaders,
+  kOwnerOid,
+  kOwnerSystem,
   kColumnCount
 };
-// Each column as the scripts create it (1.0, and the response as sent added by 1.2). A NOT NULL
+// Each column as the scripts create it (1.0, the response as sent added by 1.2, the owner's
+// stamp by 1.3). A NOT NULL
 // added to another column is a constraint the direct path would not check, so such a table goes to
 // the executor. The status column is the extension's enum, checked by its kind (type InvalidOid
 // here). `claim_writes`: the executor's INSERT of a claim lists the column, so a default of it is
@@ -134,15 +154,28 @@ constexpr ColumnSpec kColumns[kColumnCount] = {
     {"response", JSONBOID, "jsonb", false, false},
     {"response_body", BYTEAOID, "bytea", false, false},
     {"response_headers", JSONBOID, "jsonb", false, false},
+    {"owner_oid", OIDOID, "oid", false, true},
+    {"owner_system", INT8OID, "bigint", false, true},
 };
 // The column behind each RowColumn (index 0 unused).
-constexpr Column kRowColumnSource[] = {kStatus,       kStatus,        kFingerprint,    kResponse,
-                                       kResponseCode, kRecoveryPoint, kLeaseToken,     kLockedUntil,
-                                       kAttempts,     kTtl,           kCreatedAt,      kExpiresAt,
-                                       kLease,        kResponseBody,  kResponseHeaders};
+constexpr Column kRowColumnSource[] = {
+    kStatus,     kStatus,       kFingerprint,     kResponse, kResponseCode, kRecoveryPoint,
+    kLeaseToken, kLockedUntil,  kAttempts,        kTtl,      kCreatedAt,    kExpiresAt,
+    kLease,      kResponseBody, kResponseHeaders, kOwnerOid, kOwnerSystem};
 static_assert(sizeof kRowColumnSource / sizeof kRowColumnSource[0] ==
-                  key_store::kRowResponseHeaders + 1,
+                  key_store::kRowColumnCount + 1,
               "one source column per RowColumn");
+
+// Is a row of the caller's name the caller's own? A row stamped in this cluster (system
+// identifier `system`) must carry the caller's OID: under another, it was written by an
+// earlier role of the same name (dropped, or renamed away), and counts as absent, like an
+// expired row. An unstamped row (from 1.2) or one stamped in another cluster (a dump
+// restored, a row replicated, moved or upgraded from elsewhere) is adopted by name, as
+// pg_dump matches object owners.
+inline bool belongs_to(const KeyRow& row, Oid role, int64 system) {
+  return !row.owner_system || *row.owner_system != system || !OidIsValid(row.owner_oid) ||
+         row.owner_oid == role;
+}
 
 // The same bytes (a fingerprint, a body): equal lengths and contents.
 inline bool same_bytes(const bytea* a, const bytea* b) {
@@ -205,6 +238,10 @@ KeyRow decode_columns(ColumnReader&& column, bool completed, MemoryContext conte
   row.lease = *DatumGetIntervalP(required(kRowLease));
   row.created_at = DatumGetTimestampTz(required(kRowCreatedAt));
   row.expires_at = DatumGetTimestampTz(required(kRowExpiresAt));
+  Datum owner_oid = column(kRowOwnerOid, &is_null);
+  row.owner_oid = is_null ? InvalidOid : DatumGetObjectId(owner_oid);
+  Datum owner_system = column(kRowOwnerSystem, &is_null);
+  if (!is_null) row.owner_system = DatumGetInt64(owner_system);
   return row;
 }
 

@@ -14,7 +14,7 @@ namespace {
 // (key_row.hpp): the status as "completed?", then each column by its name.
 std::string row_columns() {
   std::string list = "status OPERATOR(pg_catalog.=) 'completed'";
-  for (int number = kRowStatus + 1; number <= kRowResponseHeaders; ++number)
+  for (int number = kRowStatus + 1; number <= kRowColumnCount; ++number)
     list += std::string(", ") + kColumns[kRowColumnSource[number]].name;
   return list;
 }
@@ -34,6 +34,17 @@ constexpr const char* kAndOwner3 = " AND owner OPERATOR(pg_catalog.=) $3";
 constexpr const char* kWhereHolder =
     " AND lease_token OPERATOR(pg_catalog.=) $3 AND owner OPERATOR(pg_catalog.=) $4"
     " AND status OPERATOR(pg_catalog.=) 'processing' AND expires_at OPERATOR(pg_catalog.>) $5";
+// The row is the caller's (key_row.hpp, belongs_to): unstamped, stamped in another cluster, or
+// stamped with the caller's OID ($oid) in this one ($system). Every fenced statement also
+// stamps the row it changes, so that a row adopted by name is the caller's from then on.
+std::string owned_by(const std::string& oid, const std::string& system) {
+  return " AND (owner_system IS NULL OR owner_oid IS NULL OR owner_system "
+         "OPERATOR(pg_catalog.<>) " +
+         system + " OR owner_oid OPERATOR(pg_catalog.=) " + oid + ")";
+}
+std::string stamp(const std::string& oid, const std::string& system) {
+  return ", owner_oid = " + oid + ", owner_system = " + system;
+}
 
 enum PlanId {
   kFind,
@@ -53,17 +64,18 @@ struct PlanSpec {
 };
 
 // The statements that write a claim's values: $1 scope, $2 key, $3 owner, $4 fingerprint,
-// $5 ttl, $6 now, $7 expires_at, $8 token, $9 locked_until, $10 lease.
+// $5 ttl, $6 now, $7 expires_at, $8 token, $9 locked_until, $10 lease, $11 owner_oid,
+// $12 owner_system (the caller's stamp, written on every claim).
 PlanSpec claim_statement(PlanId id, const std::string& table, const std::string& returning) {
   const std::vector<Oid> claim_types = {TEXTOID,        TEXTOID,        TEXTOID,        BYTEAOID,
                                         INTERVALOID,    TIMESTAMPTZOID, TIMESTAMPTZOID, UUIDOID,
-                                        TIMESTAMPTZOID, INTERVALOID};
+                                        TIMESTAMPTZOID, INTERVALOID,    OIDOID,         INT8OID};
   switch (id) {
     case kInsert:
       return {"INSERT INTO " + table +
                   " (owner, scope, key, fingerprint, attempts, ttl, lease, created_at, expires_at,"
-                  " lease_token, locked_until, status, updated_at)"
-                  " VALUES ($3, $1, $2, $4, 1, $5, $10, $6, $7, $8, $9, 'processing', $6)"
+                  " lease_token, locked_until, status, updated_at, owner_oid, owner_system)"
+                  " VALUES ($3, $1, $2, $4, 1, $5, $10, $6, $7, $8, $9, 'processing', $6, $11, $12)"
                   " ON CONFLICT (owner, scope, key) DO NOTHING",
               claim_types};
     case kRestart:
@@ -71,16 +83,15 @@ PlanSpec claim_statement(PlanId id, const std::string& table, const std::string&
                   " SET fingerprint = $4, attempts = 1, ttl = $5, lease = $10, created_at = $6,"
                   " expires_at = $7, lease_token = $8, locked_until = $9, recovery_point = NULL,"
                   " status = 'processing', response_code = NULL, updated_at = $6, response = NULL,"
-                  " response_body = NULL, response_headers = NULL WHERE " +
-                  kWhereKey + kAndOwner3,
+                  " response_body = NULL, response_headers = NULL" +
+                  stamp("$11", "$12") + " WHERE " + kWhereKey + kAndOwner3,
               claim_types};
     case kReclaim:
       return {"UPDATE " + table +
                   " SET fingerprint = COALESCE(fingerprint, $4),"
                   " attempts = attempts OPERATOR(pg_catalog.+) 1, ttl = $5, lease = $10,"
-                  " expires_at = $7, lease_token = $8, locked_until = $9, updated_at = $6"
-                  " WHERE " +
-                  kWhereKey + kAndOwner3 + returning,
+                  " expires_at = $7, lease_token = $8, locked_until = $9, updated_at = $6" +
+                  stamp("$11", "$12") + " WHERE " + kWhereKey + kAndOwner3 + returning,
               claim_types};
     default:
       throw Error(ERRCODE_INTERNAL_ERROR, "unknown claim statement");
@@ -88,7 +99,7 @@ PlanSpec claim_statement(PlanId id, const std::string& table, const std::string&
 }
 
 // The statements fenced by the holder's token: $1 scope, $2 key, $3 token, $4 owner, $5 now,
-// then their own values.
+// then their own values, then the caller's stamp (owner_oid, owner_system).
 PlanSpec fenced_statement(PlanId id, const std::string& table, const std::string& returning) {
   const std::string fence = std::string(kWhereKey) + kWhereHolder;
   switch (id) {
@@ -97,20 +108,21 @@ PlanSpec fenced_statement(PlanId id, const std::string& table, const std::string
       // ttl (SPEC section 2): an update whose WAL record stays small.
       return {"UPDATE " + table +
                   " SET status = 'completed', response_code = $7, updated_at = $5, response = $6,"
-                  " expires_at = $8, response_body = $9, response_headers = $10 WHERE " +
-                  fence + returning,
+                  " expires_at = $8, response_body = $9, response_headers = $10" +
+                  stamp("$11", "$12") + " WHERE " + fence + owned_by("$11", "$12") + returning,
               {TEXTOID, TEXTOID, UUIDOID, TEXTOID, TIMESTAMPTZOID, JSONBOID, INT4OID,
-               TIMESTAMPTZOID, BYTEAOID, JSONBOID}};
+               TIMESTAMPTZOID, BYTEAOID, JSONBOID, OIDOID, INT8OID}};
     case kRelease:
-      return {"UPDATE " + table +
-                  " SET lease_token = NULL, locked_until = NULL, updated_at = $5 WHERE " + fence,
-              {TEXTOID, TEXTOID, UUIDOID, TEXTOID, TIMESTAMPTZOID}};
+      return {"UPDATE " + table + " SET lease_token = NULL, locked_until = NULL, updated_at = $5" +
+                  stamp("$6", "$7") + " WHERE " + fence + owned_by("$6", "$7"),
+              {TEXTOID, TEXTOID, UUIDOID, TEXTOID, TIMESTAMPTZOID, OIDOID, INT8OID}};
     case kCheckpoint:
       return {"UPDATE " + table +
                   " SET recovery_point = $6, locked_until = $7,"
-                  " expires_at = GREATEST(expires_at, $7), updated_at = $5 WHERE " +
-                  fence,
-              {TEXTOID, TEXTOID, UUIDOID, TEXTOID, TIMESTAMPTZOID, TEXTOID, TIMESTAMPTZOID}};
+                  " expires_at = GREATEST(expires_at, $7), updated_at = $5" +
+                  stamp("$8", "$9") + " WHERE " + fence + owned_by("$8", "$9"),
+              {TEXTOID, TEXTOID, UUIDOID, TEXTOID, TIMESTAMPTZOID, TEXTOID, TIMESTAMPTZOID, OIDOID,
+               INT8OID}};
     default:
       throw Error(ERRCODE_INTERNAL_ERROR, "unknown fenced statement");
   }
@@ -161,6 +173,8 @@ void prepare_plans(Oid table) {
   // path's 55000, not a statement's error about a column it lacks.
   if (pg_call([&] { return get_atttype(table, get_attnum(table, "owner")) == REGROLEOID; }))
     key_layout::reject_old_table();
+  if (pg_call([&] { return get_attnum(table, "owner_oid") == InvalidAttrNumber; }))
+    key_layout::reject_unstamped_table();
   const std::string name = qualified_name(table);
   for (int id = 0; id < kPlanCount; ++id) {
     PlanSpec spec = spec_of(static_cast<PlanId>(id), name);
@@ -200,8 +214,8 @@ uint64 run(PlanId id, Datum* values, const char* nulls, bool read_only, long lim
 KeyRow decode(uint64 index, MemoryContext context) {
   HeapTuple tuple = SPI_tuptable->vals[index];
   TupleDesc desc = SPI_tuptable->tupdesc;
-  bool shaped = desc->natts == kRowResponseHeaders;
-  for (int number = kRowStatus; shaped && number <= kRowResponseHeaders; ++number)
+  bool shaped = desc->natts == kRowColumnCount;
+  for (int number = kRowStatus; shaped && number <= kRowColumnCount; ++number)
     shaped = TupleDescAttr(desc, number - 1)->atttypid == row_column_type(number);
   if (!shaped)
     throw Error(ERRCODE_DATATYPE_MISMATCH,
@@ -361,12 +375,14 @@ void claim_parameters(text* scope, text* key, const ClaimValues& claim, Datum* v
   values[7] = UUIDPGetDatum(&claim.token);
   values[8] = TimestampTzGetDatum(claim.locked_until);
   values[9] = IntervalPGetDatum(&claim.lease);
+  values[10] = ObjectIdGetDatum(claim.owner_oid);
+  values[11] = Int64GetDatum(claim.owner_system);
 }
 }  // namespace
 
 uint64 Session::execute_claim(int plan, text* scope, text* key, const ClaimValues& claim) {
-  Datum values[10];
-  char nulls[] = "          ";
+  Datum values[12];
+  char nulls[] = "            ";
   claim_parameters(scope, key, claim, values, nulls);
   return execute(plan, values, nulls, false, 0);
 }
@@ -404,8 +420,8 @@ KeyRow Session::reclaim(text* scope, text* key, const ClaimValues& claim) {
   return decode(0, caller_context_);
 }
 
-std::optional<KeyRow> Session::complete(text* scope, text* key, const pg_uuid_t& token, text* owner,
-                                        const Outcome& outcome, TimestampTz now,
+std::optional<KeyRow> Session::complete(text* scope, text* key, const pg_uuid_t& token,
+                                        const Owner& owner, const Outcome& outcome, TimestampTz now,
                                         TimestampTz expires_at, const RowAddress& where) {
   if (where.valid() && route::direct_path()) {
     if (std::optional<KeyRow> row = key_heap::complete(open_table_, where, scope, key, token, owner,
@@ -415,14 +431,16 @@ std::optional<KeyRow> Session::complete(text* scope, text* key, const pg_uuid_t&
   Datum values[] = {PointerGetDatum(scope),
                     PointerGetDatum(key),
                     UUIDPGetDatum(&token),
-                    PointerGetDatum(owner),
+                    PointerGetDatum(owner.name),
                     TimestampTzGetDatum(now),
                     nullable(outcome.response),
                     Int32GetDatum(outcome.response_code.value_or(0)),
                     TimestampTzGetDatum(expires_at),
                     nullable(outcome.response_body),
-                    nullable(outcome.response_headers)};
-  char nulls[] = "          ";
+                    nullable(outcome.response_headers),
+                    ObjectIdGetDatum(owner.role),
+                    Int64GetDatum(owner.system)};
+  char nulls[] = "            ";
   nulls[5] = null_flag(outcome.response);
   nulls[6] = outcome.response_code ? ' ' : 'n';
   nulls[8] = null_flag(outcome.response_body);
@@ -431,20 +449,27 @@ std::optional<KeyRow> Session::complete(text* scope, text* key, const pg_uuid_t&
   return decode(0, caller_context_);
 }
 
-bool Session::release(text* scope, text* key, const pg_uuid_t& token, text* owner,
+bool Session::release(text* scope, text* key, const pg_uuid_t& token, const Owner& owner,
                       TimestampTz now) {
-  Datum values[] = {PointerGetDatum(scope), PointerGetDatum(key), UUIDPGetDatum(&token),
-                    PointerGetDatum(owner), TimestampTzGetDatum(now)};
+  Datum values[] = {PointerGetDatum(scope),     PointerGetDatum(key),
+                    UUIDPGetDatum(&token),      PointerGetDatum(owner.name),
+                    TimestampTzGetDatum(now),   ObjectIdGetDatum(owner.role),
+                    Int64GetDatum(owner.system)};
   return execute(kRelease, values, nullptr, false, 0) == 1;
 }
 
-bool Session::checkpoint(text* scope, text* key, const pg_uuid_t& token, text* owner,
+bool Session::checkpoint(text* scope, text* key, const pg_uuid_t& token, const Owner& owner,
                          text* recovery_point, TimestampTz now, TimestampTz locked_until) {
-  Datum values[] = {
-      PointerGetDatum(scope),           PointerGetDatum(key),     UUIDPGetDatum(&token),
-      PointerGetDatum(owner),           TimestampTzGetDatum(now), nullable(recovery_point),
-      TimestampTzGetDatum(locked_until)};
-  char nulls[] = "       ";
+  Datum values[] = {PointerGetDatum(scope),
+                    PointerGetDatum(key),
+                    UUIDPGetDatum(&token),
+                    PointerGetDatum(owner.name),
+                    TimestampTzGetDatum(now),
+                    nullable(recovery_point),
+                    TimestampTzGetDatum(locked_until),
+                    ObjectIdGetDatum(owner.role),
+                    Int64GetDatum(owner.system)};
+  char nulls[] = "         ";
   nulls[5] = null_flag(recovery_point);
   return execute(kCheckpoint, values, nulls, false, 0) == 1;
 }

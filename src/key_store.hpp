@@ -65,17 +65,18 @@ class Session {
   void restart(text* scope, text* key, const ClaimValues& claim);
   // Takes over a processing row whose lease ended or was released; returns the new row.
   KeyRow reclaim(text* scope, text* key, const ClaimValues& claim);
-  // Fenced completion; nullopt when `token` does not hold a live processing row of `owner`.
+  // Fenced completion; nullopt when `token` does not hold a live processing row of `owner`
+  // (its name, and a stamp that belongs_to() accepts; the row is stamped with the caller's).
   // `where` is the address insert() reported if this transaction made the claim, else
   // kNowhere.
-  std::optional<KeyRow> complete(text* scope, text* key, const pg_uuid_t& token, text* owner,
+  std::optional<KeyRow> complete(text* scope, text* key, const pg_uuid_t& token, const Owner& owner,
                                  const Outcome& outcome, TimestampTz now, TimestampTz expires_at,
                                  const RowAddress& where);
   // Fenced release; false when `token` does not hold the key.
-  bool release(text* scope, text* key, const pg_uuid_t& token, text* owner, TimestampTz now);
+  bool release(text* scope, text* key, const pg_uuid_t& token, const Owner& owner, TimestampTz now);
   // Fenced checkpoint; false when `token` does not hold the key.
-  bool checkpoint(text* scope, text* key, const pg_uuid_t& token, text* owner, text* recovery_point,
-                  TimestampTz now, TimestampTz locked_until);
+  bool checkpoint(text* scope, text* key, const pg_uuid_t& token, const Owner& owner,
+                  text* recovery_point, TimestampTz now, TimestampTz locked_until);
 
  private:
   // Opens the SPI connection (and prepares the plans) on first use: a replay answered by

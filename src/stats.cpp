@@ -126,14 +126,15 @@ TimestampTz resume_point(Oid database) {
   return resume_from;
 }
 
-bool orphan_pass_due(Oid database, Oid table, uint64 generation) {
+bool orphan_pass_due(Oid database, Oid table, uint64 generation, bool pending_counts) {
   // Without a launcher, nobody follows the resets of the invalidation queue (see
   // cleanup_shared.hpp): every run makes the pass.
   if (shared == nullptr || !cleanup_shared::launcher_running()) return true;
   DatabaseSlot* slot = slot_of(database);
   if (slot == nullptr) return true;  // no slot to remember a pass in: always
   SpinLockAcquire(&shared->mutex);
-  bool due = slot->orphans_done_generation != generation || slot->orphans_done_table != table;
+  bool due = slot->orphans_done_generation != generation || slot->orphans_done_table != table ||
+             (pending_counts && cleanup_shared::role_change_pending());
   SpinLockRelease(&shared->mutex);
   return due;
 }

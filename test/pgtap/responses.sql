@@ -55,8 +55,9 @@ $$;
 -------------------------------------------------------------------------------
 SELECT is((SELECT string_agg(attname || ' ' || format_type(atttypid, atttypmod), ', ' ORDER BY attnum)
              FROM (SELECT * FROM pg_attribute WHERE attrelid = 'idempotency.idempotency_keys'::regclass
-                      AND attnum > 0 AND NOT attisdropped ORDER BY attnum DESC LIMIT 2) a),
-          'response_body bytea, response_headers jsonb', 'the table ends with response_body bytea, response_headers jsonb');
+                      AND attnum > 0 AND NOT attisdropped ORDER BY attnum DESC LIMIT 4) a),
+          'response_body bytea, response_headers jsonb, owner_oid oid, owner_system bigint',
+          'the table ends with response_body bytea, response_headers jsonb (1.2), then the owner''s stamp (1.3)');
 SELECT is((SELECT count(*)::int FROM pg_attribute WHERE attrelid = 'idempotency.idempotency_keys'::regclass
              AND attname IN ('response_body', 'response_headers') AND col_description(attrelid, attnum) IS NOT NULL),
           2, 'both columns have a comment');

@@ -114,7 +114,7 @@ unset CITUS_DIR CITUS_CONF
 
 # ALTER EXTENSION UPDATE from 1.0 on a cluster whose key table is distributed: 1.1 and 1.2
 # rebuild the primary key, and 1.2 turns the owner's OID into the role's name, which Citus must
-# carry to every shard (its own cluster, ports 5487-5489). The 1.2 library refuses the 1.0 table
+# carry to every shard (its own cluster, ports 5487-5489). The 1.3 library refuses the 1.0 table
 # until then (55000, also through Citus' executor path), so the 1.0 keys are written by hand, as
 # 1.0 stored them: owner a regrole, which each shard holds as its own node's OID of the role.
 upgrade=(-h 127.0.0.1 -p 5487)
@@ -161,15 +161,15 @@ else
   answer="the cluster did not start"
 fi
 if [[ $refused == *"ERROR:  55000: idempotency_keys was made by idempotency 1.1 or older"* ]]; then
-  echo "ok - before the update, the 1.2 library refuses the 1.0 table through Citus (55000)"
+  echo "ok - before the update, the 1.3 library refuses the 1.0 table through Citus (55000)"
   PASSED=$((PASSED + 1))
 else
-  echo "not ok - before the update, the 1.2 library refuses the 1.0 table through Citus (55000): got '$refused'"
+  echo "not ok - before the update, the 1.3 library refuses the 1.0 table through Citus (55000): got '$refused'"
   FAILED=$((FAILED + 1))
 fi
-expected='1.2|citus_upgrader:50|PRIMARY KEY (key, scope, owner)|claimed:10,in_progress:50'
+expected='1.3|citus_upgrader:50|PRIMARY KEY (key, scope, owner)|claimed:10,in_progress:50'
 if [[ $answer == "$expected" ]]; then
-  echo "ok - ALTER EXTENSION UPDATE from 1.0 on Citus: 1.2, 50 keys kept with their owner's name (an OID of its node), a dropped role's 20 gone, every shard's primary key rebuilt, claims answer"
+  echo "ok - ALTER EXTENSION UPDATE from 1.0 on Citus: 1.3, 50 keys kept with their owner's name (an OID of its node), a dropped role's 20 gone, every shard's primary key rebuilt, claims answer"
   PASSED=$((PASSED + 1))
 else
   echo "not ok - ALTER EXTENSION UPDATE from 1.0 on Citus (expected '$expected', got '$answer')"

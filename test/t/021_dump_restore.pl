@@ -3,7 +3,8 @@
 # After the restore a duplicate replays, a live lease is in_progress, a released key is
 # reclaimed, and a token taken before the dump still completes its key. Keys belong to
 # roles by name: a restore into another cluster gives them to the roles of the same names,
-# and the keys of a role dropped before the dump are left out of it.
+# and the keys of a role dropped before the dump are left out of it, even when a role of the
+# same name was created since (the keys carry the OID of the role that made them, 1.3).
 use strict;
 use warnings;
 use PostgreSQL::Test::Cluster;
@@ -54,6 +55,19 @@ $node->safe_psql('src', q{
 });
 # A role dropped with its keys still in the table (the cleanup would delete them).
 $node->safe_psql('src', q{REVOKE USAGE ON SCHEMA idempotency FROM app_gone; DROP ROLE app_gone});
+# A role dropped and created again under its name: the earlier role's keys are no one's.
+$node->safe_psql('postgres', 'CREATE ROLE app_reused LOGIN');
+$node->safe_psql('src', q{
+  GRANT USAGE ON SCHEMA idempotency TO app_reused;
+  SET ROLE app_reused;
+  SELECT idempotency.claim_key('reused-' || g, NULL, '', NULL, '1 hour') FROM generate_series(1, 3) g;
+  RESET ROLE;
+  REVOKE USAGE ON SCHEMA idempotency FROM app_reused;
+  DROP ROLE app_reused;
+  CREATE ROLE app_reused LOGIN;
+});
+is($node->safe_psql('src', q{SELECT count(*) FROM idempotency.idempotency_keys WHERE owner = 'app_reused'}),
+  '3', 'the source holds 3 keys of a dropped role whose name a new role has');
 is($node->safe_psql('src', q{SELECT count(*) FROM idempotency.idempotency_keys
                               WHERE NOT EXISTS (SELECT FROM pg_roles r WHERE r.rolname = owner)}),
   '8', 'the source holds 8 keys of a dropped role');
@@ -61,7 +75,8 @@ is($node->safe_psql('src', q{SELECT count(*) FROM idempotency.idempotency_keys
 my $state = q{SELECT count(*) || E'\n' || string_agg(format('%s|%s|%s|%s|%s|%s|%s|%s|%s|%s|%s|%s|%s|%s|%s|%s',
   scope, key, owner, encode(fingerprint, 'hex'), status, response, response_code, recovery_point,
   lease_token, locked_until, attempts, ttl, lease, created_at, expires_at, updated_at), E'\n' ORDER BY scope, key, owner::text)
-  FROM idempotency.idempotency_keys WHERE EXISTS (SELECT FROM pg_roles r WHERE r.rolname = owner)};
+  FROM idempotency.idempotency_keys
+ WHERE EXISTS (SELECT FROM pg_roles r WHERE r.rolname = owner AND r.oid = owner_oid)};
 my $before = $node->safe_psql('src', $state);
 like($before, qr/^305\n/, 'the source holds 305 keys of existing roles');
 
@@ -78,7 +93,7 @@ for my $db ('dst_custom', 'dst_plain') {
   is($node->safe_psql($db, $state), $before,
     "$db: every key with its state (owner, fingerprint, status, response, token, lease, attempts, ttl, expiry)");
   is($node->safe_psql($db, q{SELECT count(*) FROM idempotency.idempotency_keys}), '305',
-    "$db: and no key of the dropped role (left out of the dump)");
+    "$db: and no key of the dropped role, nor of the role dropped and created again (left out of the dump)");
 
   is($node->safe_psql($db, q{
       SET ROLE app_a;
@@ -109,7 +124,8 @@ for my $db ('dst_custom', 'dst_plain') {
 # another role), as after pg_dumpall --globals-only on a new server.
 my $other = PostgreSQL::Test::Cluster->new('other');
 $other->init;
-$other->append_conf('postgresql.conf', "shared_preload_libraries = 'idempotency'");
+# No worker round here: the restored rows keep the source's stamp until the call below.
+$other->append_conf('postgresql.conf', "shared_preload_libraries = 'idempotency'\nidempotency.cleanup_worker = off");
 $other->start;
 $other->safe_psql('postgres', q{
   CREATE ROLE someone_else; CREATE ROLE another; CREATE ROLE app_b LOGIN; CREATE ROLE app_a LOGIN;
@@ -134,6 +150,20 @@ is($other->safe_psql('dst', q{SELECT count(*) FROM idempotency.idempotency_keys}
   ($rc, $out, $err) = $other->psql('dst',
     q{SET ROLE someone_else; SELECT status FROM idempotency.claim_key('done-1', idempotency.request_fingerprint('1'), 's1')});
   is("$rc $out", '0 claimed', "another cluster: an unrelated role that got the old OID cannot replay app_a's key ($err)");
+  # The rows carry the source cluster's stamp: adopted by name until the cleanup stamps them
+  # with the roles of this cluster. A role dropped and created again after that gets none.
+  is($other->safe_psql('dst', q{SELECT count(*) FROM idempotency.idempotency_keys
+                                 WHERE owner_system <> (SELECT system_identifier FROM pg_control_system())}),
+    '305', 'another cluster: the restored keys carry the source cluster\'s stamp');
+  $other->safe_psql('dst', 'SELECT idempotency.idempotency_cleanup()');
+  is($other->safe_psql('dst', q{SELECT count(*) FROM idempotency.idempotency_keys k
+                                 WHERE owner_oid = (SELECT oid FROM pg_roles WHERE rolname = k.owner)
+                                   AND owner_system = (SELECT system_identifier FROM pg_control_system())}),
+    '306', 'another cluster: the cleanup stamps them with the roles of their names here');
+  $other->safe_psql('dst', q{DROP OWNED BY app_b; DROP ROLE app_b;
+                              CREATE ROLE app_b LOGIN; GRANT USAGE ON SCHEMA idempotency TO app_b});
+  ($rc, $out, $err) = $other->psql('dst', q{SET ROLE app_b; SELECT status FROM idempotency.claim_key('of-b', NULL, '')});
+  is("$rc $out", '0 claimed', "another cluster: a role created again under app_b's name does not get app_b's key ($err)");
 }
 
 done_testing();

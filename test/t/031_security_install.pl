@@ -158,7 +158,7 @@ for my $cmd ('ALTER EXTENSION idempotency UPDATE', q{ALTER EXTENSION idempotency
   like($err, qr/ERROR:  42501: /, "the database owner cannot: $cmd (42501)");
 }
 is($node->safe_psql('app', q{SELECT extversion || ' in ' || extnamespace::regnamespace FROM pg_extension WHERE extname = 'idempotency'}),
-  '1.2 in idempotency', 'the extension is as installed (the default version, 1.2)');
+  '1.3 in idempotency', 'the extension is as installed (the default version, 1.3)');
 
 # --- pg_dump by the database owner; DROP ROLE and dumps ---------------------------------
 

@@ -1,4 +1,4 @@
-# ALTER EXTENSION idempotency UPDATE from 1.0 (the released base) through 1.1 to 1.2: an
+# ALTER EXTENSION idempotency UPDATE from 1.0 (the released base) through 1.1 and 1.2 to 1.3: an
 # upgraded install equals a fresh one, in the catalog (every object of the extension, its
 # definition, comment and grants; the table's columns and indexes; the configuration dump)
 # and in behaviour, and keeps every key of an existing role (completed, processing,
@@ -6,6 +6,9 @@
 # 1.2 stores a key's owner as the role's name: the update converts the OIDs of 1.0 / 1.1 and
 # deletes the keys of roles dropped before it (they have no name to keep). The 1.2 library
 # refuses an older table until the update (55000), writing nothing.
+# 1.3 stamps each key with its role's OID and the cluster's system identifier: the update from
+# 1.2 stamps the keys of existing roles and deletes those whose name names no role (a role
+# dropped before the update, whose keys the cleanup had not deleted yet).
 use strict;
 use warnings;
 use PostgreSQL::Test::Cluster;
@@ -98,10 +101,10 @@ is($node->safe_psql('upgraded', q{SELECT pg_get_constraintdef(oid) FROM pg_const
   'PRIMARY KEY (owner, scope, key)', "1.0's primary key order");
 
 $node->safe_psql('upgraded', 'ALTER EXTENSION idempotency UPDATE');
-is($node->safe_psql('upgraded', q{SELECT extversion FROM pg_extension WHERE extname = 'idempotency'}), '1.2',
-  'ALTER EXTENSION UPDATE goes to 1.2');
-is($node->safe_psql('fresh', q{SELECT extversion FROM pg_extension WHERE extname = 'idempotency'}), '1.2',
-  'a fresh install is 1.2');
+is($node->safe_psql('upgraded', q{SELECT extversion FROM pg_extension WHERE extname = 'idempotency'}), '1.3',
+  'ALTER EXTENSION UPDATE goes to 1.3');
+is($node->safe_psql('fresh', q{SELECT extversion FROM pg_extension WHERE extname = 'idempotency'}), '1.3',
+  'a fresh install is 1.3');
 
 # The catalog of the extension, one line per fact, without OIDs.
 my %catalog = (
@@ -209,6 +212,61 @@ is($node->safe_psql('upgraded', q{
       FROM idempotency.claim_keys(ARRAY['done-1'], NULL, 's')}, extra_params => [ '-U', 'app1' ]),
   qq{(held-3,replay,"\\\\x00ff0a","{""Location"": ""/p/3""}")\n(done-1,replay,"{""n"": 1}",,)},
   'claim_keys replays them; a key completed by 1.0 replays its jsonb response without body or headers');
+
+is($node->safe_psql('upgraded', q{
+    SELECT count(*) FILTER (WHERE owner_oid IS DISTINCT FROM owner::regrole
+                              OR owner_system IS DISTINCT FROM (SELECT system_identifier FROM pg_control_system()))
+           || '/' || count(*) FROM idempotency.idempotency_keys}),
+  '0/505', 'every key kept through the update (and each made since) is stamped with its role and this cluster');
+
+# --- 1.2 -> 1.3 with keys of several roles in place, one of them dropped ------------------
+$node->safe_psql('postgres', q{CREATE ROLE gone12 LOGIN; CREATE DATABASE v12});
+$node->safe_psql('v12', q{CREATE EXTENSION idempotency VERSION '1.2'});
+$node->safe_psql('v12', q{
+  GRANT USAGE ON SCHEMA idempotency TO app1, app2, gone12;
+  INSERT INTO idempotency.idempotency_keys (owner, scope, key, attempts, ttl, lease, created_at, expires_at,
+                                            lease_token, locked_until, status, response_code, updated_at, response)
+  SELECT r, '', 'k-' || g, 1, '24 hours', '5 min', now(), now() + interval '24 hours', idempotency.gen_uuid_v7(),
+         now() + interval '5 min', CASE WHEN g % 2 = 0 THEN 'completed' ELSE 'processing' END::idempotency.key_status,
+         CASE WHEN g % 2 = 0 THEN 200 END, now(), CASE WHEN g % 2 = 0 THEN jsonb_build_object('by', r) END
+    FROM generate_series(1, 20) g, unnest(ARRAY['app1', 'app2', 'gone12']) r;
+  DROP OWNED BY gone12;
+});
+$node->safe_psql('postgres', 'DROP ROLE gone12');
+($rc, $out, $err) = $node->psql('v12', q{SELECT status FROM idempotency.claim_key('k-2')},
+  extra_params => [ '-U', 'app1', '-v', 'VERBOSITY=verbose' ]);
+like($err, qr/55000.*made by idempotency 1\.2.*ALTER EXTENSION idempotency UPDATE/s,
+  'a 1.2 table: claim_key refuses with 55000 and says how to update');
+# The role is created again under the dropped role's name before the update: 1.2 kept no OID,
+# so the update cannot tell the earlier role's keys from the new role's and stamps them with
+# the new role (the exposure of 1.2, closed from 1.3 on; SECURITY.md).
+$node->safe_psql('postgres', 'CREATE ROLE gone12 LOGIN');
+$node->safe_psql('v12', 'ALTER EXTENSION idempotency UPDATE');
+is($node->safe_psql('v12', q{SELECT extversion FROM pg_extension WHERE extname = 'idempotency'}), '1.3',
+  '1.2 is updated to 1.3');
+is($node->safe_psql('v12', q{
+    SELECT string_agg(owner || ':' || n, ',' ORDER BY owner) FROM (
+      SELECT owner, count(*) FILTER (WHERE owner_oid = owner::regrole
+                                       AND owner_system = (SELECT system_identifier FROM pg_control_system())) n
+        FROM idempotency.idempotency_keys GROUP BY owner) o}),
+  'app1:20,app2:20,gone12:20', 'the update stamps every key with the OID its owner name names now');
+$node->safe_psql('v12', 'GRANT USAGE ON SCHEMA idempotency TO gone12');
+is($node->safe_psql('v12', q{SELECT status || ' ' || response::text FROM idempotency.claim_key('k-2')},
+    extra_params => [ '-U', 'app2' ]), 'replay {"by": "app2"}', 'and each role replays its keys after the update');
+
+# A role dropped with keys in place, no cleanup in between, then the update: its keys go.
+$node->safe_psql('postgres', q{CREATE ROLE gone13 LOGIN; CREATE DATABASE v12b});
+$node->safe_psql('v12b', q{
+  CREATE EXTENSION idempotency VERSION '1.2';
+  INSERT INTO idempotency.idempotency_keys (owner, scope, key, attempts, ttl, lease, created_at, expires_at,
+                                            status, updated_at)
+  SELECT r, '', 'k-' || g, 1, '24 hours', '5 min', now(), now() + interval '24 hours', 'completed', now()
+    FROM generate_series(1, 10) g, unnest(ARRAY['app1', 'gone13']) r;
+});
+$node->safe_psql('postgres', 'DROP ROLE gone13');
+$node->safe_psql('v12b', 'ALTER EXTENSION idempotency UPDATE');
+is($node->safe_psql('v12b', q{SELECT string_agg(DISTINCT owner, ',') || ' ' || count(*) FROM idempotency.idempotency_keys}),
+  'app1 10', 'the update deletes the keys of a role dropped before it');
 
 $node->stop;
 done_testing();
