@@ -62,7 +62,8 @@ bool citus_transient_role(Oid role) {
   bool admin_elsewhere = false;
   CatCList* grants = SearchSysCacheList1(AUTHMEMROLEMEM, ObjectIdGetDatum(role));
   for (int m = 0; m < grants->n_members; ++m) {
-    const auto* grant = reinterpret_cast<Form_pg_auth_members>(GETSTRUCT(&grants->members[m]->tuple));
+    const auto* grant =
+        reinterpret_cast<Form_pg_auth_members>(GETSTRUCT(&grants->members[m]->tuple));
     if (grant->admin_option && !superuser_arg(grant->member)) admin_elsewhere = true;
   }
   ReleaseSysCacheList(grants);
