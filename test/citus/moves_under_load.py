@@ -45,9 +45,14 @@ MESSAGES = int(os.environ.get("MOVES_MESSAGES", "1500"))
 CONSUMERS_PER_ROLE = 3
 ROLES = ["mover_a", "mover_b"]
 
-# Classes a client retries. Citus' own race (a delegated call meeting a move's metadata switch)
-# is XX000 with this message; nothing else of class XX counts as retryable.
-CITUS_TRANSIENT = "cannot execute a distributed query from a query on a shard"
+# Classes a client retries. Two kinds of Citus' own XX000 are transient too, matched by their
+# message (no other XX000 counts): a delegated call meeting a move's metadata switch, and the
+# coordinator's connection to a worker lost under a statement (libpq's words for it, which
+# Citus passes on as XX000).
+CITUS_TRANSIENT = ("cannot execute a distributed query from a query on a shard",
+                   "SSL SYSCALL error", "server closed the connection unexpectedly",
+                   "connection to the remote node", "could not establish any connections to the node",
+                   "terminating connection due to administrator command")
 
 
 def retryable(sqlstate, message):
@@ -55,7 +60,7 @@ def retryable(sqlstate, message):
         return True
     if sqlstate in ("40001", "40P01") or sqlstate.startswith("08") or sqlstate.startswith("57P0"):
         return True
-    return sqlstate == "XX000" and CITUS_TRANSIENT in message
+    return sqlstate == "XX000" and any(m in message for m in CITUS_TRANSIENT)
 
 
 def connect(port, user="postgres"):
@@ -132,6 +137,26 @@ def placements(admin, port):
         " ORDER BY shardid", (port,)).fetchall()]
 
 
+class Admin:
+    """The operator's session: a statement that fails because Citus lost a node connection (a
+    class a client retries) is run again on a new connection, as an operator would."""
+
+    def __init__(self):
+        self.conn = connect(coordinator_port)
+
+    def execute(self, sql, params=None):
+        for attempt in range(20):
+            try:
+                return self.conn.execute(sql, params)
+            except psycopg.Error as e:
+                if attempt == 19 or not retryable(e.sqlstate, str(e)):
+                    raise
+                print("# operator retries after %s: %s" % (e.sqlstate, str(e).strip().splitlines()[0]))
+                time.sleep(0.5)
+                if self.conn.closed or self.conn.broken:
+                    self.conn = connect(coordinator_port)
+
+
 def move_all(admin, source, target, mode):
     moved = 0
     for shard in placements(admin, source):
@@ -152,7 +177,7 @@ def pg_ctl(port, *args):
 def main():
     rng = random.Random(SEED)
     print("# seed %d, %d messages, %d consumers per role" % (SEED, MESSAGES, CONSUMERS_PER_ROLE))
-    admin = connect(coordinator_port)
+    admin = Admin()
     admin.execute("CREATE TABLE moves_effects (role text NOT NULL, key text NOT NULL)")
     admin.execute("SELECT citus_add_local_table_to_metadata('moves_effects')")
     for role in ROLES:
@@ -220,6 +245,8 @@ def main():
 
     by_state = Counter(s for s, _ in errors)
     print("# errors seen by the consumers, by SQLSTATE: %s" % (dict(by_state) or "none"))
+    for (state, message), n in Counter(errors).most_common():
+        print("#   %4d  %s  %s" % (n, state, message[:120]))
     bad = [(s, m) for s, m in errors if s != "mismatch" and not retryable(s, m)]
     check("every error a consumer saw is of a class a client retries (%d errors)" % len(errors), not bad,
           Counter(bad).most_common(5))

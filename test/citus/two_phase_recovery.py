@@ -47,7 +47,11 @@ class Relay(threading.Thread):
                 client, _ = self.listener.accept()
             except OSError:
                 return
-            server = socket.create_connection((HOST, worker_port))
+            try:
+                server = socket.create_connection((HOST, worker_port))
+            except OSError:  # the worker is down (its crash below): the client sees a refusal
+                client.close()
+                continue
             threading.Thread(target=self.pipe, args=(client, server, True), daemon=True).start()
             threading.Thread(target=self.pipe, args=(server, client, False), daemon=True).start()
 
@@ -134,7 +138,15 @@ def main():
     check("before recovery another claim of the key answers in_progress (got %s)" % status,
           status == "in_progress")
 
-    recovered = admin.execute("SELECT recover_prepared_transactions()").fetchone()[0]
+    # The coordinator's cached connection to the worker died with it: Citus says so once
+    # (XX000, libpq's words), and the next statement connects afresh.
+    recovered = None
+    for _ in range(5):
+        try:
+            recovered = admin.execute("SELECT recover_prepared_transactions()").fetchone()[0]
+            break
+        except psycopg.Error as e:
+            print("# recover_prepared_transactions() again after %s: %s" % (e.sqlstate, str(e).strip()))
     check("recover_prepared_transactions() committed it (%s)" % recovered, recovered == 1)
     status, response, code = other.execute(
         "SELECT status::text, response, response_code FROM idempotency.claim_key(%s::text)", (key,)).fetchone()
