@@ -259,7 +259,9 @@ Orphans delete_orphans_in(Oid relation, BlockNumber from, BlockNumber to, int li
 
 BlockNumber relation_blocks(Oid relation) {
   return pg_call([&] {
-    Relation open = relation_open(relation, AccessShareLock);
+    // A Citus shard listed a moment ago may be dropped by a move now: no blocks to clean.
+    Relation open = try_relation_open(relation, AccessShareLock);
+    if (open == nullptr) return BlockNumber{0};
     BlockNumber count = RelationGetNumberOfBlocks(open);
     relation_close(open, AccessShareLock);
     return count;

@@ -37,6 +37,39 @@ const char* describe(const ObjectAddress& object) {
                   getObjectIdentity(&object, false));
 }
 
+// Citus' own owner of a shard move's or split's subscription on this node: created by a
+// superuser as a member of the table owner (the extension owner), then stripped of its
+// superuser right, and dropped when the move ends. It may create objects in the schema
+// through that membership, but nobody can act as it: membership in a superuser's role is
+// granted by superusers only, it has no password, and no other role may grant it (no
+// ADMIN OPTION outside the superusers). Its members, if any, are still checked like every
+// other role's. Set a password or hand out ADMIN OPTION on it and it is refused like any
+// other member.
+// pg-frame: runs inside caller.cpp's pg_call only (owns no C++ object).
+bool citus_transient_role(Oid role) {
+  if (!citus_guard::citus_loaded()) return false;
+  HeapTuple tuple = SearchSysCache1(AUTHOID, ObjectIdGetDatum(role));
+  if (!HeapTupleIsValid(tuple)) return false;
+  const char* name = NameStr(reinterpret_cast<Form_pg_authid>(GETSTRUCT(tuple))->rolname);
+  bool citus_name = false;
+  for (const char* prefix :
+       {"citus_shard_move_subscription_role_", "citus_shard_split_subscription_role_"})
+    citus_name = citus_name || strncmp(name, prefix, strlen(prefix)) == 0;
+  bool no_password = false;
+  (void)SysCacheGetAttr(AUTHOID, tuple, Anum_pg_authid_rolpassword, &no_password);
+  ReleaseSysCache(tuple);
+  if (!citus_name || !no_password) return false;
+  bool admin_elsewhere = false;
+  CatCList* grants = SearchSysCacheList1(AUTHMEMROLEMEM, ObjectIdGetDatum(role));
+  for (int m = 0; m < grants->n_members; ++m) {
+    const auto* grant =
+        reinterpret_cast<Form_pg_auth_members>(GETSTRUCT(&grants->members[m]->tuple));
+    if (grant->admin_option && !superuser_arg(grant->member)) admin_elsewhere = true;
+  }
+  ReleaseSysCacheList(grants);
+  return !admin_elsewhere;
+}
+
 // A role other than the superusers that may create objects in `schema` (whose ACL, or its
 // owner's default one, is `acl`), as has_schema_privilege sees it: PUBLIC, a grantee of CREATE, or
 // a role that has the privileges of one (a member of the owner, say). *creator is ACL_ID_PUBLIC for
@@ -68,7 +101,7 @@ bool untrusted_creator(Oid schema, Acl* acl, Oid* creator) {
   // privilege. Whether one does (inheritance) is for the ACL check to say.
   for (int i = 0; i < count; ++i) {
     const Oid role = roles[i];
-    if (!superuser_arg(role)) {
+    if (!superuser_arg(role) && !citus_transient_role(role)) {
       const AclResult result = object_acl(NamespaceRelationId, schema, role, ACL_CREATE);
       if (result == ACLCHECK_OK) {
         *creator = role;
@@ -85,12 +118,17 @@ bool untrusted_creator(Oid schema, Acl* acl, Oid* creator) {
 
 // Is `relation` a shard of one of the extension's tables in `schema` (Citus keeps a
 // distributed table's rows in tables named after it and the shard's number, in its schema)?
-// Sets *of_key_table when the table it shards is idempotency_keys.
+// Sets *of_key_table when the table it shards is idempotency_keys, and *vanished when the
+// relation was dropped since it was listed (Citus drops a moved shard at any moment).
 // pg-frame: runs inside caller.cpp's pg_call only (owns no C++ object).
-bool is_citus_shard(Oid relation, Oid schema, const Objects& members, bool* of_key_table) {
+bool is_citus_shard(Oid relation, Oid schema, const Objects& members, bool* of_key_table,
+                    bool* vanished) {
   if (!citus_guard::citus_loaded()) return false;
   HeapTuple tuple = SearchSysCache1(RELOID, ObjectIdGetDatum(relation));
-  if (!HeapTupleIsValid(tuple)) return false;
+  if (!HeapTupleIsValid(tuple)) {
+    *vanished = true;
+    return false;
+  }
   const auto* form = reinterpret_cast<Form_pg_class>(GETSTRUCT(tuple));
   char* name = pstrdup(NameStr(form->relname));
   const bool plain_table = form->relkind == RELKIND_RELATION;
@@ -187,9 +225,11 @@ bool check_objects(Oid schema, Oid extension, const Objects& members, Refusal* r
     const ObjectAddress& object = objects.items[i];
     if (object.classId == ExtensionRelationId && object.objectId == extension) continue;
     bool of_key_table = false;
+    bool vanished = false;
     const bool member = members.contains(object.classId, object.objectId);
     const bool shard = !member && object.classId == RelationRelationId &&
-                       is_citus_shard(object.objectId, schema, members, &of_key_table);
+                       is_citus_shard(object.objectId, schema, members, &of_key_table, &vanished);
+    if (vanished) continue;  // dropped since listed: nothing left to check
     if (!member && !shard) {
       safe =
           refuse(refusal, ERRCODE_INSUFFICIENT_PRIVILEGE,
@@ -200,7 +240,9 @@ bool check_objects(Oid schema, Oid extension, const Objects& members, Refusal* r
     } else if (!check_object_owner(object, catalogs, refusal)) {
       safe = false;
     } else if (shard) {
-      Relation table = relation_open(object.objectId, AccessShareLock);
+      // try_: a shard dropped after the look above is skipped, not an error.
+      Relation table = try_relation_open(object.objectId, AccessShareLock);
+      if (table == nullptr) continue;
       safe = check_code(table, members, of_key_table, refusal);
       relation_close(table, NoLock);
     }

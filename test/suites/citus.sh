@@ -59,6 +59,43 @@ FAILED=0
 
 /usr/bin/python3 "$IDEM_SRC/test/citus/check.py" "${dsns[@]}" 2>&1 | tee "$IDEM_SCRATCH/check.log" | grep -v -E '^[0-9]+ passed'
 idem_count_run "$IDEM_SCRATCH/check.log"
+# Citus' own transient owner of a shard move's subscription (created as a superuser member of
+# the extension owner, then NOSUPERUSER, no password) does not make calls refuse with 42501;
+# the same role with a password, or one whose name is not Citus', still does. The roles
+# propagate to every node, so the delegated call meets them on the key's node, as a call meets
+# Citus' own role on a move's target node.
+transient_claim() { # SQL...: the answer of a claim by citus_app after the statements SQL
+  local -a statements=()
+  local sql
+  for sql in "$@"; do statements+=(-c "$sql"); done
+  pg_psql "${coordinator[@]}" "${statements[@]}" >/dev/null 2>&1
+  pg_psql "${coordinator[@]}" -At -U citus_app -c "SELECT status FROM idempotency.claim_key('transient-' || gen_random_uuid())" 2>&1 |
+    sed -n 's/^\(claimed\)$/\1/p; s/.*ERROR:  \(.*\)/\1/p' | head -1
+}
+transient_expect() { # NAME EXPECTED GOT
+  if [[ $3 == "$2"* ]]; then
+    echo "ok - $1"
+    PASSED=$((PASSED + 1))
+  else
+    echo "not ok - $1 (expected '$2', got '$3')"
+    FAILED=$((FAILED + 1))
+  fi
+}
+role=citus_shard_move_subscription_role_10_20_30
+transient_expect "Citus' transient subscription role (member of the owner, no password): calls answer" claimed \
+  "$(transient_claim "CREATE USER $role SUPERUSER IN ROLE postgres" "ALTER ROLE $role NOSUPERUSER")"
+transient_expect "the same role given a password: calls refuse (42501, naming it)" \
+  "role \"$role\", which is not a superuser, may create objects" "$(transient_claim "ALTER ROLE $role PASSWORD 'x'")"
+transient_expect "the same role, password removed, that a role which is not a superuser may grant: calls refuse" \
+  "role \"$role\", which is not a superuser, may create objects" \
+  "$(transient_claim "ALTER ROLE $role PASSWORD NULL" "CREATE ROLE citus_admin_of_transient" \
+    "GRANT $role TO citus_admin_of_transient WITH ADMIN OPTION")"
+transient_expect "a member of the owner without a password whose name is not Citus': calls refuse" \
+  "role \"not_citus_subscription_role\", which is not a superuser, may create objects" \
+  "$(transient_claim "DROP ROLE citus_admin_of_transient" "DROP ROLE $role" \
+    "CREATE USER not_citus_subscription_role IN ROLE postgres")"
+transient_expect "after those roles are gone: calls answer" claimed "$(transient_claim "DROP ROLE not_citus_subscription_role")"
+
 # No node crashed.
 crashed=0
 for port in "${ports[@]}"; do
@@ -110,6 +147,43 @@ else
   FAILED=$((FAILED + 1))
 fi
 for port in "${move_ports[@]}"; do cluster_stop "$IDEM_SCRATCH/move-$port"; done
+unset CITUS_DIR CITUS_CONF
+
+# Consumers of two roles keep answering while every kind of Citus operation runs under them
+# (test/citus/moves_under_load.py): logical and block_writes moves, the rebalancer onto an added
+# node, a drain, a worker crashed and restarted; 0 double, 0 lost, every owner right, and every
+# error of a class a client retries (counted by SQLSTATE). Its own cluster on 5484-5486, with
+# the spare nodes 5487 and 5488.
+export PG_CTL="$IDEM_PG_BIN/pg_ctl"
+export CITUS_DIR=load CITUS_CONF=$'wal_level = logical\nidempotency.cleanup_interval = \'1s\''
+if citus_cluster 5484 5485 5486 && citus_node 5487 && citus_node 5488 &&
+  pg_psql -h 127.0.0.1 -p 5484 -f "$IDEM_SRC/test/citus/setup.sql" >/dev/null; then
+  echo "## moves_under_load.py: moves, a rebalance, a drain and a crashed worker under consumers"
+  /usr/bin/python3 "$IDEM_SRC/test/citus/moves_under_load.py" 5484 5485 5486 5487 5488 \
+    "$IDEM_SCRATCH/load-{port}/data" 2>&1 | tee "$IDEM_SCRATCH/moves_under_load.log" | grep -v -E '^[0-9]+ passed'
+  idem_count_run "$IDEM_SCRATCH/moves_under_load.log"
+else
+  echo "not ok - the cluster of moves_under_load.py did not start"
+  FAILED=$((FAILED + 1))
+fi
+for port in 5484 5485 5486 5487 5488; do cluster_stop "$IDEM_SCRATCH/load-$port"; done
+
+# Two-phase commit recovery, forced at a statement (test/citus/two_phase_recovery.py): the
+# coordinator reaches one worker through the script's relay, which cuts the connection at
+# COMMIT PREPARED; the worker crashes; recover_prepared_transactions() lands the key and the
+# effect together. Nodes talk without TLS so that the relay sees the statements; no automatic
+# recovery, so that the script decides when it runs.
+export CITUS_DIR=twophase CITUS_CONF=$'citus.node_conninfo = \'sslmode=disable\'\ncitus.recover_2pc_interval = -1'
+if citus_node 5484 && citus_node 5485 && citus_node 5486; then
+  echo "## two_phase_recovery.py: a worker lost between PREPARE and COMMIT PREPARED"
+  /usr/bin/python3 "$IDEM_SRC/test/citus/two_phase_recovery.py" 5484 5485 5486 5487 \
+    "$IDEM_SCRATCH/twophase-{port}/data" 2>&1 | tee "$IDEM_SCRATCH/two_phase_recovery.log" | grep -v -E '^[0-9]+ passed'
+  idem_count_run "$IDEM_SCRATCH/two_phase_recovery.log"
+else
+  echo "not ok - the cluster of two_phase_recovery.py did not start"
+  FAILED=$((FAILED + 1))
+fi
+for port in 5484 5485 5486; do cluster_stop "$IDEM_SCRATCH/twophase-$port"; done
 unset CITUS_DIR CITUS_CONF
 
 # ALTER EXTENSION UPDATE from 1.0 on a cluster whose key table is distributed: 1.1 and 1.2
