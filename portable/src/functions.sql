@@ -282,20 +282,21 @@ COMMENT ON FUNCTION idempotency.gen_uuid_v7(timestamptz) IS
 -- back: the last value's time is kept in a session setting and each value moves on by at
 -- least 1/4096 ms.
 CREATE OR REPLACE FUNCTION idempotency.gen_uuid_v7() RETURNS pg_catalog.uuid
-LANGUAGE plpgsql VOLATILE PARALLEL SAFE
-SET search_path = pg_catalog, pg_temp
+LANGUAGE sql VOLATILE PARALLEL SAFE
+-- No SET clause, so that the planner inlines it (a million values in bulk): every name and
+-- operator is qualified instead.
 AS $$
-DECLARE
-  unix_us int8 := (extract(epoch FROM clock_timestamp()) * 1000000)::int8;
-  units int8 := ((unix_us / 1000) << 12) + (unix_us % 1000) * 4096 / 1000;
-  last int8 := coalesce(nullif(current_setting('idempotency.uuid_v7_last', true), '')::int8, 0);
-BEGIN
-  IF units <= last THEN
-    units := last + 1;
-  END IF;
-  PERFORM set_config('idempotency.uuid_v7_last', units::text, false);
-  RETURN idempotency.uuid_v7_of(units);
-END
+  SELECT (pg_catalog.lpad(pg_catalog.to_hex(u OPERATOR(pg_catalog.>>) 12), 12, '0')
+          OPERATOR(pg_catalog.||) '7'
+          OPERATOR(pg_catalog.||) pg_catalog.lpad(pg_catalog.to_hex(u OPERATOR(pg_catalog.&) 4095), 3, '0')
+          OPERATOR(pg_catalog.||) pg_catalog."right"(pg_catalog.replace(pg_catalog.gen_random_uuid()::pg_catalog.text, '-', ''), 16))::pg_catalog.uuid
+    FROM (SELECT pg_catalog.set_config('idempotency.uuid_v7_last',
+                   GREATEST(
+                     ((us OPERATOR(pg_catalog./) 1000) OPERATOR(pg_catalog.<<) 12)
+                       OPERATOR(pg_catalog.+) (((us OPERATOR(pg_catalog.%) 1000) OPERATOR(pg_catalog.*) 4096) OPERATOR(pg_catalog./) 1000),
+                     COALESCE(NULLIF(pg_catalog.current_setting('idempotency.uuid_v7_last', true), '')::pg_catalog.int8, 0)
+                       OPERATOR(pg_catalog.+) 1)::pg_catalog.text, false)::pg_catalog.int8 AS u
+            FROM (SELECT (pg_catalog.date_part('epoch', pg_catalog.clock_timestamp()) OPERATOR(pg_catalog.*) 1000000)::pg_catalog.int8 AS us) t) v
 $$;
 COMMENT ON FUNCTION idempotency.gen_uuid_v7() IS
   'A UUID version 7 (RFC 9562, PostgreSQL 18 layout): time-ordered, strictly increasing '
@@ -581,6 +582,29 @@ END
 $$;
 COMMENT ON FUNCTION idempotency.check_token(uuid) IS 'Internal: refuses a NULL token (22004).';
 
+CREATE OR REPLACE FUNCTION idempotency.json_kind(value pg_catalog.jsonb) RETURNS pg_catalog.text
+LANGUAGE sql IMMUTABLE PARALLEL SAFE
+SET search_path = pg_catalog, pg_temp
+AS $$ SELECT CASE jsonb_typeof(value) WHEN 'null' THEN 'null' WHEN 'object' THEN 'an object'
+                                      WHEN 'array' THEN 'an array' ELSE 'a ' || jsonb_typeof(value) END $$;
+COMMENT ON FUNCTION idempotency.json_kind(jsonb) IS 'Internal: "an object", "a string", ... for messages.';
+
+-- The longest prefix of whole characters of at most `bytes` bytes.
+CREATE OR REPLACE FUNCTION idempotency.clip_bytes(value pg_catalog.text, bytes pg_catalog.int4) RETURNS pg_catalog.text
+LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+  n int := least(length(value), bytes);
+BEGIN
+  WHILE octet_length(left(value, n)) > bytes LOOP
+    n := n - 1;
+  END LOOP;
+  RETURN left(value, n);
+END
+$$;
+COMMENT ON FUNCTION idempotency.clip_bytes(text, integer) IS 'Internal: a prefix of whole characters of at most `bytes` bytes.';
+
 -- Response headers: a JSON object of HTTP field names whose values are strings or arrays of
 -- strings without control characters (22023).
 CREATE OR REPLACE FUNCTION idempotency.check_headers(headers pg_catalog.jsonb) RETURNS void
@@ -595,12 +619,13 @@ DECLARE
 BEGIN
   IF jsonb_typeof(headers) <> 'object' THEN
     RAISE EXCEPTION 'response headers must be a JSON object' USING ERRCODE = '22023',
-      DETAIL = format('The headers are %s.', CASE jsonb_typeof(headers) WHEN 'array' THEN 'an array' ELSE 'a ' || jsonb_typeof(headers) END),
+      DETAIL = format('The headers are %s.', idempotency.json_kind(headers)),
       HINT = hint;
   END IF;
   FOR item IN SELECT e.key, e.value FROM jsonb_each(headers) e LOOP
-    shown := '"' || regexp_replace(left(item.key, 64), '[\x01-\x1f\x7f]', '?', 'g')
-             || CASE WHEN length(item.key) > 64 THEN '..."' ELSE '"' END;
+    shown := '"' || (SELECT string_agg(CASE WHEN c ~ '[\x01-\x1f\x7f]' THEN '\x' || lpad(to_hex(ascii(c)), 2, '0') ELSE c END, '' ORDER BY n)
+                       FROM regexp_split_to_table(idempotency.clip_bytes(item.key, 64), '') WITH ORDINALITY AS ch(c, n))
+             || CASE WHEN octet_length(item.key) > 64 THEN '..."' ELSE '"' END;
     IF item.key !~ '^[!#$%&''*+.^_`|~0-9A-Za-z-]+$' THEN
       RAISE EXCEPTION 'response header name % is not an HTTP field name', shown USING ERRCODE = '22023',
         DETAIL = 'A field name is a non-empty token (RFC 9110): letters, digits and !#$%&''*+-.^_`|~.', HINT = hint;
@@ -614,7 +639,7 @@ BEGIN
       FOR element IN SELECT e.value, e.n FROM jsonb_array_elements(item.value) WITH ORDINALITY e(value, n) LOOP
         IF jsonb_typeof(element.value) <> 'string' THEN
           RAISE EXCEPTION 'response header % must be a string or an array of strings', shown USING ERRCODE = '22023',
-            DETAIL = format('Element %s of its array is %s.', element.n, jsonb_typeof(element.value)), HINT = hint;
+            DETAIL = format('Element %s of its array is %s.', element.n, idempotency.json_kind(element.value)), HINT = hint;
         END IF;
         IF (element.value #>> '{}') ~ '[\x01-\x08\x0a-\x1f\x7f]' THEN
           RAISE EXCEPTION 'response header % has a control character', shown USING ERRCODE = '22023',
@@ -624,13 +649,27 @@ BEGIN
       END LOOP;
     ELSE
       RAISE EXCEPTION 'response header % must be a string or an array of strings', shown USING ERRCODE = '22023',
-        DETAIL = format('Its value is %s.', jsonb_typeof(item.value)), HINT = hint;
+        DETAIL = format('Its value is %s.', idempotency.json_kind(item.value)), HINT = hint;
     END IF;
   END LOOP;
 END
 $$;
 COMMENT ON FUNCTION idempotency.check_headers(jsonb) IS
   'Internal: refuses (22023) response headers that are not an object of HTTP field names and string values.';
+
+-- The size of a jsonb value as the C++ edition counts it: uncompressed, with a 4-byte header
+-- (a value read from a table may be compressed or carry a 1-byte header: it is built again).
+CREATE OR REPLACE FUNCTION idempotency.jsonb_raw_size(value pg_catalog.jsonb) RETURNS pg_catalog.int8
+LANGUAGE sql IMMUTABLE PARALLEL SAFE
+SET search_path = pg_catalog, pg_temp
+AS $$
+  SELECT CASE WHEN value IS NULL THEN 0
+              WHEN pg_column_size(value) <= 127 OR pg_column_compression(value) IS NOT NULL
+                THEN pg_column_size(value::text::jsonb)
+              ELSE pg_column_size(value) END
+$$;
+COMMENT ON FUNCTION idempotency.jsonb_raw_size(jsonb) IS
+  'Internal: bytes of a jsonb value uncompressed, with a 4-byte header (what max_response_size counts).';
 
 CREATE OR REPLACE FUNCTION idempotency.complete_key(
   key              pg_catalog.text,
@@ -654,9 +693,9 @@ DECLARE
   code int4 := complete_key.response_code;
   body bytea := complete_key.response_body;
   headers jsonb := complete_key.response_headers;
-  size_response int8 := coalesce(pg_column_size(complete_key.response), 0);
+  size_response int8 := idempotency.jsonb_raw_size(complete_key.response);
   size_body int8 := coalesce(octet_length(complete_key.response_body) + 4, 0);
-  size_headers int8 := coalesce(pg_column_size(complete_key.response_headers), 0);
+  size_headers int8 := idempotency.jsonb_raw_size(complete_key.response_headers);
   limit_bytes int8;
   now_ts timestamptz;
   r idempotency.idempotency_keys;
