@@ -395,7 +395,6 @@ DECLARE
   expiry timestamptz;
   retries int := 0;
   pause float8 := 0.001;
-  old_timeout text;
 BEGIN
   PERFORM idempotency.check_name(k, sc);
   IF fp IS NOT NULL THEN
@@ -438,7 +437,7 @@ BEGIN
 
     -- Absent, expired, released or lease ended: every write of a claim holds the key's lock.
     -- A claim in a transaction still open holds it: wait = 0 answers at once, wait > 0
-    -- sleeps in the lock manager until that transaction ends (lock_timeout: the deadline).
+    -- tries again after sleeping until that transaction ends or the deadline passes.
     IF NOT locked THEN
       tag := idempotency.key_lock_tag(sc, k);
       IF NOT pg_try_advisory_xact_lock(tag) THEN
@@ -447,17 +446,11 @@ BEGIN
           RETURN ROW('in_progress', NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL,
                      interval '1 second', NULL, NULL)::idempotency.claim_result;
         END IF;
-        old_timeout := current_setting('lock_timeout');
-        PERFORM set_config('lock_timeout',
-                           greatest(ceil(extract(epoch FROM deadline - now_ts) * 1000), 1)::int8::text, true);
-        BEGIN
-          PERFORM pg_advisory_xact_lock(tag);
-        EXCEPTION WHEN lock_not_available THEN
-          PERFORM set_config('lock_timeout', old_timeout, true);
-          RETURN ROW('in_progress', NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL,
-                     interval '1 second', NULL, NULL)::idempotency.claim_result;
-        END;
-        PERFORM set_config('lock_timeout', old_timeout, true);
+        -- Sleep and try again, backing off from 1 to 50 ms (as the C++ edition waits without
+        -- shared memory): interruptible, bounded by the deadline, never a busy loop.
+        PERFORM pg_sleep(least(pause, extract(epoch FROM deadline - now_ts)::float8));
+        pause := least(pause * 2, 0.05);
+        CONTINUE;
       END IF;
       locked := true;
       CONTINUE;  -- look again under the lock
