@@ -429,6 +429,17 @@ BEGIN
           RETURN ROW('in_progress', NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL,
                      greatest(r.locked_until - now_ts, interval '1 millisecond'), NULL, NULL)::idempotency.claim_result;
         END IF;
+        -- A snapshot transaction would look at the same version for ever: a version committed
+        -- after its snapshot (the holder completed or released) raises 40001 here, as a
+        -- row lock of that version does; a holder's row lock is not waited for.
+        IF current_setting('transaction_isolation') <> 'read committed' THEN
+          BEGIN
+            PERFORM FROM idempotency.idempotency_keys t
+             WHERE t.key = k AND t.scope = sc AND t.owner = me FOR KEY SHARE NOWAIT;
+          EXCEPTION WHEN lock_not_available THEN
+            NULL;
+          END;
+        END IF;
         PERFORM pg_sleep(least(pause, extract(epoch FROM deadline - now_ts)::float8));
         pause := least(pause * 2, 0.05);
         CONTINUE;
