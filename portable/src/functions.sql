@@ -431,12 +431,15 @@ BEGIN
         END IF;
         -- A snapshot transaction would look at the same version for ever: a version committed
         -- after its snapshot (the holder completed or released) raises 40001 here, as a
-        -- row lock of that version does; a holder's row lock is not waited for.
+        -- row lock of that version does. The lock is taken in a subtransaction that is then
+        -- rolled back, so none is kept (a kept one would hide the next version from this
+        -- check); a holder's row lock is not waited for.
         IF current_setting('transaction_isolation') <> 'read committed' THEN
           BEGIN
             PERFORM FROM idempotency.idempotency_keys t
-             WHERE t.key = k AND t.scope = sc AND t.owner = me FOR KEY SHARE NOWAIT;
-          EXCEPTION WHEN lock_not_available THEN
+             WHERE t.key = k AND t.scope = sc AND t.owner = me FOR SHARE NOWAIT;
+            RAISE EXCEPTION USING ERRCODE = 'IK001';  -- undo the lock
+          EXCEPTION WHEN lock_not_available OR SQLSTATE 'IK001' THEN
             NULL;
           END;
         END IF;
