@@ -290,11 +290,11 @@ AS $$
           OPERATOR(pg_catalog.||) '7'
           OPERATOR(pg_catalog.||) pg_catalog.lpad(pg_catalog.to_hex(u OPERATOR(pg_catalog.&) 4095), 3, '0')
           OPERATOR(pg_catalog.||) pg_catalog."right"(pg_catalog.replace(pg_catalog.gen_random_uuid()::pg_catalog.text, '-', ''), 16))::pg_catalog.uuid
-    FROM (SELECT pg_catalog.set_config('idempotency.uuid_v7_last',
+    FROM (SELECT pg_catalog.set_config('idempotency_portable.uuid_v7_last',
                    GREATEST(
                      ((us OPERATOR(pg_catalog./) 1000) OPERATOR(pg_catalog.<<) 12)
                        OPERATOR(pg_catalog.+) (((us OPERATOR(pg_catalog.%) 1000) OPERATOR(pg_catalog.*) 4096) OPERATOR(pg_catalog./) 1000),
-                     COALESCE(NULLIF(pg_catalog.current_setting('idempotency.uuid_v7_last', true), '')::pg_catalog.int8, 0)
+                     COALESCE(NULLIF(pg_catalog.current_setting('idempotency_portable.uuid_v7_last', true), '')::pg_catalog.int8, 0)
                        OPERATOR(pg_catalog.+) 1)::pg_catalog.text, false)::pg_catalog.int8 AS u
             FROM (SELECT (pg_catalog.date_part('epoch', pg_catalog.clock_timestamp()) OPERATOR(pg_catalog.*) 1000000)::pg_catalog.int8 AS us) t) v
 $$;

@@ -83,6 +83,15 @@ expect "gen_uuid_v7 is version 7, increasing, and carries its time" \
 $(q -d shop -c "SELECT bool_and(u > p) FROM (SELECT u, lag(u) OVER (ORDER BY i) p FROM (SELECT i, idempotency.gen_uuid_v7() u FROM generate_series(1, 1000) i) s) t WHERE p IS NOT NULL")" "t
 t"
 
+# The SQL walkthrough of examples/README.md, as printed, as the application role of a database
+# it owns and where it installed the portable edition itself: what walkthrough.out shows.
+q -c "CREATE ROLE app LOGIN" -c "CREATE DATABASE app OWNER app" >/dev/null
+as_pg psql -X -q -v ON_ERROR_STOP=1 -U app -d app -f "$DIR/current.sql" >/dev/null 2>&1
+cp "$IDEM_ROOT/examples/sql/walkthrough.sql" "$DIR/" && chmod 644 "$DIR/walkthrough.sql"
+as_pg psql -X -v ON_ERROR_STOP=1 -U app -d app -f "$DIR/walkthrough.sql" >"$DIR/walkthrough.out" 2>"$DIR/walkthrough.err"
+expect "examples/sql/walkthrough.sql prints walkthrough.out on the portable edition" \
+  "$?:$(diff "$IDEM_ROOT/examples/sql/walkthrough.out" "$DIR/walkthrough.out" | head -20)" "0:"
+
 # --- 2. update in place from 1.2.0 with keys in it -----------------------------------------
 q -c "CREATE DATABASE upd OWNER shop_owner" >/dev/null
 out="$(as_pg psql -X -q -v ON_ERROR_STOP=1 -U shop_owner -d upd -f "$DIR/v1.2.0.sql" 2>&1)"
