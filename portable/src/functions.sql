@@ -1,7 +1,10 @@
 -- The portable edition's functions (version 1.2.0): the public API of the C++ edition under the
 -- same names, argument names, types and defaults, in PL/pgSQL. Every function runs as its
--- caller (SECURITY INVOKER) with search_path pinned: a key belongs to current_user, and the
--- table's row-level security (base.sql) holds a role to its own rows whatever it runs.
+-- caller (SECURITY INVOKER): a key belongs to current_user, and the table's row-level security
+-- (base.sql) holds a role to its own rows whatever it runs. The public functions pin
+-- search_path; the internal ones ("Internal:" in their comments) run under the pin of the
+-- public function that calls them (a switch of search_path per call would cost each of them
+-- the recomputation of the path and of its cached plans' check).
 -- CREATE OR REPLACE throughout: the one-file install runs this file again on every update.
 
 -------------------------------------------------------------------------------
@@ -15,7 +18,6 @@ CREATE OR REPLACE FUNCTION idempotency.setting_value(name pg_catalog.text, fallb
                                                      unit pg_catalog.text)
 RETURNS pg_catalog.int8
 LANGUAGE plpgsql STABLE SECURITY INVOKER PARALLEL SAFE
-SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
   raw text := current_setting('idempotency.' || name, true);
@@ -61,7 +63,6 @@ COMMENT ON FUNCTION idempotency.setting_value(text, bigint, bigint, bigint, text
 CREATE OR REPLACE FUNCTION idempotency.as_span(value pg_catalog.interval, name pg_catalog.text)
 RETURNS pg_catalog.interval
 LANGUAGE plpgsql IMMUTABLE SECURITY INVOKER PARALLEL SAFE
-SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
   months int := extract(year FROM value)::int * 12 + extract(month FROM value)::int;
@@ -84,7 +85,6 @@ COMMENT ON FUNCTION idempotency.as_span(interval, text) IS
 CREATE OR REPLACE FUNCTION idempotency.checked_interval(value pg_catalog.interval, name pg_catalog.text)
 RETURNS pg_catalog.interval
 LANGUAGE plpgsql STABLE SECURITY INVOKER PARALLEL SAFE
-SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
   highest int8 := idempotency.setting_value('max_' || name, CASE name WHEN 'ttl' THEN 2592000 ELSE 86400 END,
@@ -121,7 +121,6 @@ COMMENT ON FUNCTION idempotency.checked_interval(interval, text) IS
 CREATE OR REPLACE FUNCTION idempotency.check_name(key pg_catalog.text, scope pg_catalog.text)
 RETURNS void
 LANGUAGE plpgsql STABLE SECURITY INVOKER PARALLEL SAFE
-SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
   limit_bytes int8;
@@ -156,7 +155,6 @@ CREATE OR REPLACE FUNCTION idempotency.check_size(value_bytes pg_catalog.int8, n
                                                   highest pg_catalog.int8)
 RETURNS void
 LANGUAGE plpgsql STABLE SECURITY INVOKER PARALLEL SAFE
-SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
   limit_bytes int8 := idempotency.setting_value(setting, fallback, 1, highest, 'B');
@@ -177,9 +175,8 @@ COMMENT ON FUNCTION idempotency.check_size(bigint, text, text, bigint, bigint) I
 -- One token of the canonical stream: a tag byte, a 4-byte big-endian length, the bytes.
 CREATE OR REPLACE FUNCTION idempotency.fingerprint_token(tag pg_catalog.text, data pg_catalog.bytea)
 RETURNS pg_catalog.bytea
-LANGUAGE sql IMMUTABLE STRICT PARALLEL SAFE
-SET search_path = pg_catalog, pg_temp
-AS $$ SELECT convert_to(tag, 'SQL_ASCII') || int4send(octet_length(data)) || data $$;
+LANGUAGE plpgsql IMMUTABLE STRICT PARALLEL SAFE
+AS $$ BEGIN RETURN convert_to(tag, 'SQL_ASCII') || int4send(octet_length(data)) || data; END $$;
 COMMENT ON FUNCTION idempotency.fingerprint_token(text, bytea) IS
   'Internal: one tagged, length-prefixed token of request_fingerprint''s canonical stream.';
 
@@ -188,7 +185,6 @@ COMMENT ON FUNCTION idempotency.fingerprint_token(text, bytea) IS
 CREATE OR REPLACE FUNCTION idempotency.fingerprint_stream(value pg_catalog.jsonb, top pg_catalog.bool)
 RETURNS pg_catalog.bytea
 LANGUAGE plpgsql IMMUTABLE STRICT PARALLEL SAFE
-SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
   kind text := jsonb_typeof(value);
@@ -226,33 +222,34 @@ COMMENT ON FUNCTION idempotency.fingerprint_stream(jsonb, boolean) IS
   'Internal: the canonical byte stream request_fingerprint(jsonb) hashes.';
 
 CREATE OR REPLACE FUNCTION idempotency.request_fingerprint(payload pg_catalog.jsonb) RETURNS pg_catalog.bytea
-LANGUAGE sql IMMUTABLE STRICT PARALLEL SAFE
+LANGUAGE plpgsql IMMUTABLE STRICT PARALLEL SAFE
 SET search_path = pg_catalog, pg_temp
-AS $$ SELECT sha256(idempotency.fingerprint_stream(payload, true)) $$;
+AS $$ BEGIN RETURN sha256(idempotency.fingerprint_stream(payload, true)); END $$;
 COMMENT ON FUNCTION idempotency.request_fingerprint(jsonb) IS
   'SHA-256 of a jsonb payload; values equal as jsonb (any key order or spacing) give equal '
   'fingerprints, the same as the C++ edition''s.';
 
 CREATE OR REPLACE FUNCTION idempotency.request_fingerprint(payload pg_catalog.text) RETURNS pg_catalog.bytea
-LANGUAGE sql IMMUTABLE STRICT PARALLEL SAFE
+LANGUAGE plpgsql IMMUTABLE STRICT PARALLEL SAFE
 SET search_path = pg_catalog, pg_temp
-AS $$ SELECT sha256(convert_to(payload, getdatabaseencoding())) $$;
+AS $$ BEGIN RETURN sha256(convert_to(payload, getdatabaseencoding())); END $$;
 COMMENT ON FUNCTION idempotency.request_fingerprint(text) IS 'SHA-256 of the text''s bytes.';
 
 CREATE OR REPLACE FUNCTION idempotency.request_fingerprint(payload pg_catalog.bytea) RETURNS pg_catalog.bytea
-LANGUAGE sql IMMUTABLE STRICT PARALLEL SAFE
+LANGUAGE plpgsql IMMUTABLE STRICT PARALLEL SAFE
 SET search_path = pg_catalog, pg_temp
-AS $$ SELECT sha256(payload) $$;
+AS $$ BEGIN RETURN sha256(payload); END $$;
 COMMENT ON FUNCTION idempotency.request_fingerprint(bytea) IS 'SHA-256 of the bytes.';
 
 -- A UUIDv7 from a count of 1/4096 ms since 1970 and 62 random bits (variant 10) taken from
 -- gen_random_uuid (a CSPRNG; its last 8 bytes carry variant 10 already).
 CREATE OR REPLACE FUNCTION idempotency.uuid_v7_of(units pg_catalog.int8) RETURNS pg_catalog.uuid
-LANGUAGE sql VOLATILE STRICT PARALLEL SAFE
-SET search_path = pg_catalog, pg_temp
+LANGUAGE plpgsql VOLATILE STRICT PARALLEL SAFE
 AS $$
-  SELECT (lpad(to_hex(units >> 12), 12, '0') || '7' || lpad(to_hex(units & 4095), 3, '0')
-          || right(replace(gen_random_uuid()::text, '-', ''), 16))::uuid
+BEGIN
+  RETURN (lpad(to_hex(units >> 12), 12, '0') || '7' || lpad(to_hex(units & 4095), 3, '0')
+          || right(replace(gen_random_uuid()::text, '-', ''), 16))::uuid;
+END
 $$;
 COMMENT ON FUNCTION idempotency.uuid_v7_of(bigint) IS
   'Internal: a UUIDv7 from 1/4096 ms since 1970 (48 bits of ms, 12 of fraction) and random bits.';
@@ -280,36 +277,47 @@ COMMENT ON FUNCTION idempotency.gen_uuid_v7(timestamptz) IS
 
 -- Strictly increasing within a session, also within a millisecond and when the clock steps
 -- back: the last value's time is kept in a session setting and each value moves on by at
--- least 1/4096 ms.
-CREATE OR REPLACE FUNCTION idempotency.gen_uuid_v7() RETURNS pg_catalog.uuid
-LANGUAGE sql VOLATILE PARALLEL SAFE
--- No SET clause, so that the planner inlines it (a million values in bulk): every name and
--- operator is qualified instead.
+-- least 1/4096 ms. Helpers on the claim path are PL/pgSQL, not SQL functions: PostgreSQL 15
+-- plans an SQL function that it cannot inline again at every call, PL/pgSQL once a session.
+CREATE OR REPLACE FUNCTION idempotency.uuid_v7_next() RETURNS pg_catalog.uuid
+LANGUAGE plpgsql VOLATILE PARALLEL SAFE
 AS $$
-  SELECT (pg_catalog.lpad(pg_catalog.to_hex(u OPERATOR(pg_catalog.>>) 12), 12, '0')
-          OPERATOR(pg_catalog.||) '7'
-          OPERATOR(pg_catalog.||) pg_catalog.lpad(pg_catalog.to_hex(u OPERATOR(pg_catalog.&) 4095), 3, '0')
-          OPERATOR(pg_catalog.||) pg_catalog."right"(pg_catalog.replace(pg_catalog.gen_random_uuid()::pg_catalog.text, '-', ''), 16))::pg_catalog.uuid
-    FROM (SELECT pg_catalog.set_config('idempotency_portable.uuid_v7_last',
-                   GREATEST(
-                     ((us OPERATOR(pg_catalog./) 1000) OPERATOR(pg_catalog.<<) 12)
-                       OPERATOR(pg_catalog.+) (((us OPERATOR(pg_catalog.%) 1000) OPERATOR(pg_catalog.*) 4096) OPERATOR(pg_catalog./) 1000),
-                     COALESCE(NULLIF(pg_catalog.current_setting('idempotency_portable.uuid_v7_last', true), '')::pg_catalog.int8, 0)
-                       OPERATOR(pg_catalog.+) 1)::pg_catalog.text, false)::pg_catalog.int8 AS u
-            FROM (SELECT (pg_catalog.date_part('epoch', pg_catalog.clock_timestamp()) OPERATOR(pg_catalog.*) 1000000)::pg_catalog.int8 AS us) t) v
+DECLARE
+  unix_us int8 := (extract(epoch FROM clock_timestamp()) * 1000000)::int8;
+  units int8 := ((unix_us / 1000) << 12) + (unix_us % 1000) * 4096 / 1000;
+  last int8 := coalesce(nullif(current_setting('idempotency_portable.uuid_v7_last', true), '')::int8, 0);
+BEGIN
+  IF units <= last THEN
+    units := last + 1;
+  END IF;
+  PERFORM set_config('idempotency_portable.uuid_v7_last', units::text, false);
+  RETURN (lpad(to_hex(units >> 12), 12, '0') || '7' || lpad(to_hex(units & 4095), 3, '0')
+          || right(replace(gen_random_uuid()::text, '-', ''), 16))::uuid;
+END
 $$;
+COMMENT ON FUNCTION idempotency.uuid_v7_next() IS
+  'Internal: the next UUIDv7 of this session (gen_uuid_v7 without its search_path switch).';
+
+CREATE OR REPLACE FUNCTION idempotency.gen_uuid_v7() RETURNS pg_catalog.uuid
+LANGUAGE plpgsql VOLATILE PARALLEL SAFE
+SET search_path = pg_catalog, pg_temp
+AS $$ BEGIN RETURN idempotency.uuid_v7_next(); END $$;
 COMMENT ON FUNCTION idempotency.gen_uuid_v7() IS
   'A UUID version 7 (RFC 9562, PostgreSQL 18 layout): time-ordered, strictly increasing '
   'within a session, 62 random bits from a CSPRNG.';
 
 CREATE OR REPLACE FUNCTION idempotency.uuid_v7_time(id pg_catalog.uuid) RETURNS pg_catalog.timestamptz
-LANGUAGE sql IMMUTABLE STRICT PARALLEL SAFE
+LANGUAGE plpgsql IMMUTABLE STRICT PARALLEL SAFE
 SET search_path = pg_catalog, pg_temp
 AS $$
-  SELECT CASE WHEN substr(h, 13, 1) = '7' AND substr(h, 17, 1) IN ('8', '9', 'a', 'b')
-              THEN timestamptz 'epoch' + ('x' || lpad(substr(h, 1, 12), 16, '0'))::bit(64)::int8 * interval '1 millisecond'
-         END
-    FROM (SELECT replace(id::text, '-', '') AS h) s
+DECLARE
+  h text := replace(id::text, '-', '');
+BEGIN
+  IF substr(h, 13, 1) = '7' AND substr(h, 17, 1) IN ('8', '9', 'a', 'b') THEN
+    RETURN timestamptz 'epoch' + ('x' || lpad(substr(h, 1, 12), 16, '0'))::bit(64)::int8 * interval '1 millisecond';
+  END IF;
+  RETURN NULL;
+END
 $$;
 COMMENT ON FUNCTION idempotency.uuid_v7_time(uuid) IS
   'The time (millisecond precision) a version 7 UUID carries; NULL for other versions.';
@@ -324,7 +332,6 @@ COMMENT ON FUNCTION idempotency.uuid_v7_time(uuid) IS
 CREATE OR REPLACE FUNCTION idempotency.key_lock_tag(scope pg_catalog.text, key pg_catalog.text)
 RETURNS pg_catalog.int8
 LANGUAGE plpgsql VOLATILE SECURITY INVOKER PARALLEL UNSAFE
-SET search_path = pg_catalog, pg_temp
 AS $$
 #variable_conflict use_variable
 DECLARE
@@ -349,17 +356,18 @@ COMMENT ON FUNCTION idempotency.key_lock_tag(text, text) IS
 CREATE OR REPLACE FUNCTION idempotency.stored_answer(answer idempotency.claim_status,
                                                      r idempotency.idempotency_keys)
 RETURNS idempotency.claim_result
-LANGUAGE sql IMMUTABLE PARALLEL SAFE
-SET search_path = pg_catalog, pg_temp
+LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE
 AS $$
-  SELECT ROW(answer, NULL,
+BEGIN
+  RETURN ROW(answer, NULL,
              CASE WHEN answer = 'replay' THEN r.response END,
              CASE WHEN answer = 'replay' THEN r.response_code END,
              r.fingerprint,
              CASE WHEN answer = 'replay' THEN r.recovery_point END,
              r.attempts, r.created_at, r.expires_at, NULL,
              CASE WHEN answer = 'replay' THEN r.response_body END,
-             CASE WHEN answer = 'replay' THEN r.response_headers END)::idempotency.claim_result
+             CASE WHEN answer = 'replay' THEN r.response_headers END)::idempotency.claim_result;
+END
 $$;
 COMMENT ON FUNCTION idempotency.stored_answer(idempotency.claim_status, idempotency.idempotency_keys) IS
   'Internal: the claim_result of a replay or a mismatch, read from the stored row.';
@@ -470,7 +478,7 @@ BEGIN
       CONTINUE;  -- look again under the lock
     END IF;
 
-    tok := idempotency.gen_uuid_v7();
+    tok := idempotency.uuid_v7_next();
     until := now_ts + v_lease;
     expiry := greatest(now_ts + v_ttl, until);
     IF NOT found_row THEN
@@ -538,7 +546,6 @@ CREATE OR REPLACE FUNCTION idempotency.explain_fence(key pg_catalog.text, scope 
                                                      token pg_catalog.uuid)
 RETURNS idempotency.idempotency_keys
 LANGUAGE plpgsql VOLATILE SECURITY INVOKER PARALLEL UNSAFE
-SET search_path = pg_catalog, pg_temp
 AS $$
 #variable_conflict use_variable
 DECLARE
@@ -578,7 +585,6 @@ COMMENT ON FUNCTION idempotency.explain_fence(text, text, uuid) IS
 
 CREATE OR REPLACE FUNCTION idempotency.check_token(token pg_catalog.uuid) RETURNS void
 LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE
-SET search_path = pg_catalog, pg_temp
 AS $$
 BEGIN
   IF token IS NULL THEN
@@ -590,16 +596,14 @@ $$;
 COMMENT ON FUNCTION idempotency.check_token(uuid) IS 'Internal: refuses a NULL token (22004).';
 
 CREATE OR REPLACE FUNCTION idempotency.json_kind(value pg_catalog.jsonb) RETURNS pg_catalog.text
-LANGUAGE sql IMMUTABLE PARALLEL SAFE
-SET search_path = pg_catalog, pg_temp
-AS $$ SELECT CASE jsonb_typeof(value) WHEN 'null' THEN 'null' WHEN 'object' THEN 'an object'
-                                      WHEN 'array' THEN 'an array' ELSE 'a ' || jsonb_typeof(value) END $$;
+LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE
+AS $$ BEGIN RETURN CASE jsonb_typeof(value) WHEN 'null' THEN 'null' WHEN 'object' THEN 'an object'
+                                      WHEN 'array' THEN 'an array' ELSE 'a ' || jsonb_typeof(value) END; END $$;
 COMMENT ON FUNCTION idempotency.json_kind(jsonb) IS 'Internal: "an object", "a string", ... for messages.';
 
 -- The longest prefix of whole characters of at most `bytes` bytes.
 CREATE OR REPLACE FUNCTION idempotency.clip_bytes(value pg_catalog.text, bytes pg_catalog.int4) RETURNS pg_catalog.text
 LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE
-SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
   n int := least(length(value), bytes);
@@ -616,7 +620,6 @@ COMMENT ON FUNCTION idempotency.clip_bytes(text, integer) IS 'Internal: a prefix
 -- strings without control characters (22023).
 CREATE OR REPLACE FUNCTION idempotency.check_headers(headers pg_catalog.jsonb) RETURNS void
 LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE
-SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
   item record;
@@ -667,13 +670,14 @@ COMMENT ON FUNCTION idempotency.check_headers(jsonb) IS
 -- The size of a jsonb value as the C++ edition counts it: uncompressed, with a 4-byte header
 -- (a value read from a table may be compressed or carry a 1-byte header: it is built again).
 CREATE OR REPLACE FUNCTION idempotency.jsonb_raw_size(value pg_catalog.jsonb) RETURNS pg_catalog.int8
-LANGUAGE sql IMMUTABLE PARALLEL SAFE
-SET search_path = pg_catalog, pg_temp
+LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE
 AS $$
-  SELECT CASE WHEN value IS NULL THEN 0
+BEGIN
+  RETURN CASE WHEN value IS NULL THEN 0
               WHEN pg_column_size(value) <= 127 OR pg_column_compression(value) IS NOT NULL
                 THEN pg_column_size(value::text::jsonb)
-              ELSE pg_column_size(value) END
+              ELSE pg_column_size(value) END;
+END
 $$;
 COMMENT ON FUNCTION idempotency.jsonb_raw_size(jsonb) IS
   'Internal: bytes of a jsonb value uncompressed, with a 4-byte header (what max_response_size counts).';
@@ -840,7 +844,6 @@ CREATE OR REPLACE FUNCTION idempotency.check_array(dims pg_catalog.int4, element
                                                    name pg_catalog.text, expected pg_catalog.int4)
 RETURNS void
 LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE
-SET search_path = pg_catalog, pg_temp
 AS $$
 BEGIN
   IF dims > 1 THEN
@@ -1065,7 +1068,6 @@ COMMENT ON FUNCTION idempotency.complete_keys(text[], uuid[], jsonb[], integer[]
 CREATE OR REPLACE FUNCTION idempotency.cleanup_batch(batch_size pg_catalog.int4)
 RETURNS pg_catalog.int8
 LANGUAGE sql VOLATILE SECURITY INVOKER PARALLEL UNSAFE
-SET search_path = pg_catalog, pg_temp
 AS $$
   WITH doomed AS (
     SELECT t.ctid FROM idempotency.idempotency_keys t
