@@ -474,8 +474,10 @@ BEGIN
         pause := least(pause * 2, 0.05);
         CONTINUE;
       END IF;
+      -- No look again under the lock: a row committed since the look makes the insert
+      -- conflict (and the take-over reads the row again under its row lock), and then the
+      -- loop looks again.
       locked := true;
-      CONTINUE;  -- look again under the lock
     END IF;
 
     tok := idempotency.uuid_v7_next();
