@@ -29,6 +29,7 @@ IDEM_PACKAGES=(
   libfaketime
   pgbouncer
   postgresql-15-pgaudit
+  postgresql-15-cron
   make
   g++
 )
@@ -263,9 +264,13 @@ idem_scratch_init() {
   chmod 755 "$IDEM_SCRATCH"
   mkdir -p "$IDEM_SCRATCH/src"
   local d
-  for d in sql expected test; do
+  for d in sql expected test portable; do
     [[ -d $IDEM_ROOT/$d ]] && cp -r "$IDEM_ROOT/$d" "$IDEM_SCRATCH/src/"
   done
+  # The portable edition's one-file install, as `make -C portable` writes it.
+  rm -rf "$IDEM_SCRATCH/src/portable/dist"
+  mkdir -p "$IDEM_SCRATCH/src/portable/dist"
+  bash "$IDEM_ROOT/portable/tools/generate.sh" psql >"$IDEM_SCRATCH/src/portable/dist/idempotency-portable.sql"
   idem_is_root && chown -R postgres: "$IDEM_SCRATCH"
   export IDEM_SCRATCH IDEM_SRC="$IDEM_SCRATCH/src"
   idem_install_traps

@@ -12,6 +12,12 @@
 #
 # Usage: test/run.sh [SUITE[:NAME]]...   e.g.  test/run.sh regress pgtap:uuid_v7
 # (NAME selects a test on every path; NAME.PATH, say isolation:claim_race.executor, one.)
+# Editions: the behaviour suites (pgtap, isolation) run against the C++ edition and then
+# against the portable edition (portable/, SQL and PL/pgSQL) on a server where the C++
+# library is neither preloaded nor created, recorded as pgtap-portable, isolation-portable,
+# ...; a file with a line "-- Edition: C++ only" (pgTAP) or "# Edition: C++ only" (spec) is
+# about the C++ edition alone and is not run against the portable one. IDEM_EDITIONS="cpp"
+# or "portable" runs one edition only (default: both).
 # No argument runs everything. Ends with one line "N passed, N failed"; exits non-zero
 # when anything failed or a suite could not run. Counting: one per regress test, per
 # isolation spec, per pgTAP assertion, per TAP file, plus the extra suites' own counts.
@@ -52,6 +58,35 @@ selected() {
     [[ -e $f ]] && wanted "$(basename "$f" "$ext")" "$suite" && printf '%s\n' "$f"
   done
   return 0
+}
+
+# --- editions --------------------------------------------------------------------------
+
+IDEM_EDITIONS="${IDEM_EDITIONS:-cpp portable}"
+edition_wanted() { [[ " $IDEM_EDITIONS " == *" $1 "* ]]; }
+# A test file about the C++ edition alone.
+CPP_ONLY_MARK='^(--|#) Edition: C\+\+ only'
+cpp_only() { grep -qE "$CPP_ONLY_MARK" "$1"; }
+# A test file about the portable edition alone ("-- Edition: portable only").
+portable_only() { grep -qE '^(--|#) Edition: portable only' "$1"; }
+# portable_copy FILE OUT: FILE for the portable edition: the assertions between the lines
+# "-- C++ edition only, from here" and "-- C++ edition only, to here" left out, and its plan
+# counted as it runs (no_plan: pgtap_run still counts a file that stops early as failed).
+portable_copy() {
+  as_pg perl -ne '
+    if (/^-- C\+\+ edition only, from here/) { $skip = 1; next }
+    if (/^-- C\+\+ edition only, to here/) { $skip = 0; next }
+    next if $skip;
+    s/^SELECT plan\(\d+\);/SELECT * FROM no_plan();/;
+    print;' "$1" | as_pg tee "$2" >/dev/null
+}
+portable_script() { printf '%s\n' "$IDEM_SRC/portable/dist/idempotency-portable.sql"; }
+
+# portable_cluster_start DIR: a server without the C++ library, whose template1 holds the
+# portable edition (installed with psql -f), so that every database made by a test has it.
+portable_cluster_start() {
+  cluster_start "$1" "" "shared_preload_libraries = ''" || return 1
+  pg_psql -d template1 -f "$(portable_script)" >/dev/null
 }
 
 # --- helpers ---------------------------------------------------------------------------
@@ -154,6 +189,12 @@ suite_regress() {
 }
 
 suite_isolation() {
+  edition_wanted cpp && suite_isolation_cpp
+  edition_wanted portable && suite_isolation_portable
+  return 0
+}
+
+suite_isolation_cpp() {
   local -a specs=() tests=()
   local spec name path
   specs=("$IDEM_SRC"/test/isolation/specs/*.spec)
@@ -210,6 +251,79 @@ suite_isolation() {
     PGOPTIONS="-c default_transaction_isolation=${level// /\\ }" \
       run_regress_like "isolation-$tag" "$IDEM_PG_ISOLATION_REGRESS" "$input" "${tests[@]}"
   done
+}
+
+# The isolation specs against the portable edition, at the three levels, on a server of
+# portable_cluster_start: each spec as it is (its CREATE EXTENSION line dropped: the schema
+# is there already) with the same expected answers as the C++ edition's direct runs.
+suite_isolation_portable() {
+  local -a tests=()
+  local spec name
+  for spec in "$IDEM_SRC"/test/isolation/specs/*.spec; do
+    name="$(basename "$spec" .spec)"
+    [[ -e $spec ]] && wanted "$name" isolation && ! cpp_only "$spec" && tests+=("$name")
+  done
+  ((${#tests[@]})) || return 0
+  local dir="$IDEM_SCRATCH/isolation-portable-server"
+  if ! portable_cluster_start "$dir"; then
+    record isolation-portable 0 1 "(could not start a server with the portable edition)"
+    return
+  fi
+  local level tag suite input test out variant
+  for level in "read committed" "repeatable read" "serializable"; do
+    tag="${level// /_}"
+    suite="isolation-portable"
+    [[ $level == "read committed" ]] || suite="isolation-portable-$tag"
+    input="$IDEM_SCRATCH/isolation-portable-input-$tag"
+    if ! isolation_input "$input" "${tests[@]}"; then
+      record "$suite" 0 1 "(could not copy the specs)"
+      continue
+    fi
+    as_pg sed -i -E 's/^([[:space:]]*)CREATE EXTENSION IF NOT EXISTS idempotency;/\1RESET client_min_messages; -- the portable edition is in template1/' "$input"/specs/*.spec
+    if [[ $level != "read committed" ]]; then
+      for test in "${tests[@]}"; do
+        if [[ -e "$IDEM_SRC/test/isolation/expected/$test.$tag.out" ]]; then
+          as_pg rm -f "$input/expected/$test".out "$input/expected/$test"_[0-9]*.out
+          for out in "$IDEM_SRC/test/isolation/expected/$test.$tag".out \
+            "$IDEM_SRC/test/isolation/expected/$test.$tag"_[0-9]*.out; do
+            [[ -e $out ]] || continue
+            variant="$(basename "$out" .out)"
+            variant="${variant#"$test.$tag"}"
+            as_pg cp "$out" "$input/expected/$test$variant.out" || return 1
+          done
+        fi
+      done
+    fi
+    PGOPTIONS="-c default_transaction_isolation=${level// /\\ }" \
+      run_existing_like "$suite" "$IDEM_PG_ISOLATION_REGRESS" "$input" "${tests[@]}"
+  done
+  cluster_stop "$dir"
+}
+
+# run_existing_like SUITE TOOL INPUTDIR TESTS...: as run_regress_like, against the server of
+# the last cluster_start (PGHOST / PGPORT) instead of a temporary instance.
+run_existing_like() {
+  local suite="$1" tool="$2" inputdir="$3"
+  local out="$IDEM_SCRATCH/$suite"
+  shift 3
+  echo "== $suite: $# test(s) ($*)"
+  as_pg mkdir -p "$out"
+  local rc=0
+  pg_psql -d postgres -c "SET client_min_messages = warning" \
+    -c "DROP DATABASE IF EXISTS ${suite//-/_} WITH (FORCE)" -c "CREATE DATABASE ${suite//-/_}" || rc=$?
+  run_child "$out/run.log" as_pg "$tool" --use-existing \
+    --host="$PGHOST" --port="$PGPORT" --user=postgres \
+    --inputdir="$inputdir" --outputdir="$out" --bindir="$IDEM_PG_BIN" \
+    --dbname="${suite//-/_}" "$@" || rc=$?
+  local passed failed note=""
+  read -r passed failed < <(count_regress_output "$out/run.log")
+  if ((passed + failed == 0)); then
+    failed=1 note="(could not run: exit $rc)"
+  elif ((rc != 0 && failed == 0)); then
+    failed=1 note="(exit $rc)"
+  fi
+  ((failed > 0)) && show_file "diffs" "$out/regression.diffs" 200
+  record "$suite" "$passed" "$failed" "$note"
 }
 
 # --- paths ---------------------------------------------------------------------------
@@ -303,7 +417,8 @@ pgtap_run() {
   echo "  -- $test"
   if ! pg_psql -d postgres -c "SET client_min_messages = warning" \
     -c "DROP DATABASE IF EXISTS $db WITH (FORCE)" -c "CREATE DATABASE $db" ||
-    ! pg_psql -d "$db" -c 'CREATE EXTENSION pgtap' -c 'CREATE EXTENSION idempotency' ||
+    ! pg_psql -d "$db" -c 'CREATE EXTENSION pgtap' ||
+    { [[ $edition == cpp ]] && ! pg_psql -d "$db" -c 'CREATE EXTENSION idempotency'; } ||
     { [[ -n $path ]] && ! pg_psql -d "$db" -f "$IDEM_SRC/test/paths/$path.setup.sql"; }; then
     echo "    could not prepare database $db"
     failed=$((failed + 1))
@@ -343,11 +458,49 @@ pgtap_run() {
 }
 
 suite_pgtap() {
+  edition_wanted cpp && suite_pgtap_cpp
+  edition_wanted portable && suite_pgtap_portable
+  return 0
+}
+
+# Every pgTAP file not marked "-- Edition: C++ only", against the portable edition (its
+# databases made from a template1 that holds it), with the same assertions.
+suite_pgtap_portable() {
+  local -a runs=()
+  local f name
+  for f in "$IDEM_SRC"/test/pgtap/*.sql; do
+    [[ -e $f ]] || continue
+    name="$(basename "$f" .sql)"
+    wanted "$name" pgtap && ! cpp_only "$f" && runs+=("$f")
+  done
+  local copies="$IDEM_SCRATCH/pgtap-portable-files"
+  as_pg mkdir -p "$copies"
+  local i
+  for i in "${!runs[@]}"; do
+    portable_copy "${runs[$i]}" "$copies/$(basename "${runs[$i]}")"
+    runs[$i]="$copies/$(basename "${runs[$i]}")"
+  done
+  ((${#runs[@]})) || return 0
+  echo "== pgtap-portable: ${#runs[@]} file(s) against the portable edition, counting assertions"
+  local dir="$IDEM_SCRATCH/pgtap-portable"
+  if ! portable_cluster_start "$dir"; then
+    record pgtap-portable 0 1 "(could not start a server with the portable edition)"
+    return
+  fi
+  local passed=0 failed=0 edition=portable
+  for f in "${runs[@]}"; do pgtap_run "$f"; done
+  ((failed > 0)) && show_file "server log" "$dir/server.log" 40
+  cluster_stop "$dir"
+  record pgtap-portable "$passed" "$failed" "(assertions)"
+}
+
+suite_pgtap_cpp() {
   local -a runs=()
   local f name path
   for f in "$IDEM_SRC"/test/pgtap/*.sql; do
     [[ -e $f ]] || continue
     name="$(basename "$f" .sql)"
+    portable_only "$f" && continue
     wanted "$name" pgtap && runs+=("$f|")
     grep -q "$PGTAP_EVERY_PATH" "$f" || continue
     for path in $(test_paths); do
@@ -361,7 +514,7 @@ suite_pgtap() {
     record pgtap 0 1 "(could not start a server)"
     return
   fi
-  local passed=0 failed=0 run
+  local passed=0 failed=0 run edition=cpp
   for run in "${runs[@]}"; do pgtap_run "${run%|*}" "${run##*|}"; done
   ((failed > 0)) && show_file "server log" "$dir/server.log" 40
   cluster_stop "$dir"

@@ -603,7 +603,9 @@ def run_main(args):
     open(extlog, "w").close()
 
     cluster = CitusCluster(workdir, args.port) if args.citus else Cluster(workdir, args.port)
-    cluster.init([])
+    # The portable edition (portable/): a server without the C++ library, the edition
+    # installed by psql -f of its one script.
+    cluster.init(["shared_preload_libraries = ''"] if args.portable else [])
     cluster.start()
     bouncer = None
     results = []
@@ -621,7 +623,10 @@ def run_main(args):
             cluster.prepare(psycopg, "chaos")
         dsn = "host=%s port=%d user=postgres dbname=chaos" % (workdir, args.port)
         with psycopg.connect(dsn, autocommit=True) as c:
-            if not args.citus:
+            if args.portable:
+                cluster.as_pg(["psql", "-X", "-q", "-v", "ON_ERROR_STOP=1", "-h", workdir, "-p", str(args.port),
+                               "-U", "postgres", "-d", "chaos", "-f", args.portable])
+            elif not args.citus:
                 c.execute("CREATE EXTENSION idempotency")
             c.execute("CREATE TABLE accounts (id int PRIMARY KEY, balance numeric(18,2) NOT NULL)")
             c.execute("INSERT INTO accounts SELECT g, 1000000000.00 FROM generate_series(0, %s) g"
@@ -904,8 +909,9 @@ def run_main(args):
                              " WHERE owner::text = %s", (APP_ROLE,)).fetchall()
             other_owners = c.execute("SELECT count(*) FROM idempotency.idempotency_keys"
                                      " WHERE owner::text <> %s", (APP_ROLE,)).fetchone()[0]
-            stats = c.execute("SELECT claimed, reclaimed, replayed, in_progress, mismatched, completed"
-                              " FROM idempotency.idempotency_stats WHERE datname = 'chaos'").fetchone()
+            stats = None if args.portable else c.execute(
+                "SELECT claimed, reclaimed, replayed, in_progress, mismatched, completed"
+                " FROM idempotency.idempotency_stats WHERE datname = 'chaos'").fetchone()
             if batch_msgs:
                 batch_balances = dict(c.execute("SELECT id, balance FROM batch_accounts").fetchall())
                 batch_applied = dict(c.execute("SELECT msg, count(*) FROM batch_applied GROUP BY msg").fetchall())
@@ -1093,6 +1099,8 @@ def main():
     r.add_argument("--tampered", type=int, default=20)
     r.add_argument("--timeout", type=int, default=600)
     r.add_argument("--pgbouncer", action="store_true")
+    r.add_argument("--portable", default="",
+                   help="the portable edition's install script (psql -f) instead of CREATE EXTENSION")
     r.add_argument("--patterns", default="inbox,2pc",
                    help="comma-separated patterns the messages take in turn: inbox, 2pc, batch "
                         "(default inbox,2pc)")

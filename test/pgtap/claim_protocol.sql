@@ -33,6 +33,7 @@ SELECT is((claim_key('sp-1')).status, 'in_progress', 'normal search_path afterwa
 -------------------------------------------------------------------------------
 -- 2. Objects
 -------------------------------------------------------------------------------
+-- C++ edition only, from here (the portable edition's objects: portable_install.sql)
 SELECT has_schema('idempotency', 'the extension has its own schema idempotency');
 SELECT is((SELECT rolsuper FROM pg_namespace n JOIN pg_roles r ON r.oid = n.nspowner WHERE nspname = 'idempotency'),
           true, 'a superuser owns the schema');
@@ -87,6 +88,7 @@ SELECT is((SELECT count(*)::int FROM pg_depend d
                   EXISTS (SELECT 1 FROM pg_class r WHERE r.oid = t.typrelid AND r.relkind <> 'c'))
                   OR (t.oid = d.objid AND t.typcategory = 'A')))),
           0, 'every function, table, view and type has a COMMENT');
+-- C++ edition only, to here
 
 -------------------------------------------------------------------------------
 -- 3. The state machine
@@ -233,9 +235,11 @@ GRANT SELECT ON a1 TO PUBLIC;
 SELECT is((SELECT status FROM a1), 'claimed', 'an application role can claim');
 SELECT is((SELECT status FROM complete_key('sec-1', (SELECT token FROM a1), '{"ok": 1}')), 'replay', 'and complete');
 SELECT is((SELECT status FROM claim_key('sec-1', request_fingerprint('p'::text))), 'replay', 'and replay');
+-- C++ edition only, from here (the portable edition: a role reads and writes its own rows, portable_security.sql)
 SELECT throws_ok('SELECT * FROM idempotency_keys', '42501', NULL, 'but cannot read the table');
 SELECT throws_ok($$UPDATE idempotency_keys SET response = '{}'$$, '42501', NULL, 'nor update it');
 SELECT throws_ok('DELETE FROM idempotency_keys', '42501', NULL, 'nor delete from it');
+-- C++ edition only, to here
 SELECT throws_ok($$INSERT INTO idempotency_keys (key, owner, ttl, created_at, expires_at, updated_at)
                    VALUES ('x', 1, '1h', now(), now(), now())$$, '42501', NULL, 'nor insert into it');
 SELECT throws_ok('SELECT idempotency_cleanup()', '42501', NULL, 'nor run the cleanup');
@@ -298,7 +302,9 @@ SELECT ok(checkpoint_key('guc-2', (SELECT token FROM g2), 'step-1')
 SELECT is((SELECT lease FROM idempotency_keys WHERE key = 'guc-2'), '20 min'::interval, 'the claim''s lease is stored');
 RESET idempotency.default_ttl;
 RESET idempotency.default_lease;
+-- C++ edition only, from here (the portable edition refuses a bad setting at the call: portable_security.sql)
 SELECT throws_ok($$SET idempotency.default_ttl = '-5'$$, '22023', NULL, 'a bad setting is refused');
+-- C++ edition only, to here
 SET idempotency.max_key_length = 4;
 SELECT throws_ok($$SELECT claim_key('12345')$$, '22001', NULL, 'idempotency.max_key_length applies');
 RESET idempotency.max_key_length;

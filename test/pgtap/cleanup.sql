@@ -3,6 +3,7 @@
 -- the cleanup worker of the test server is kept out of this database
 -- (idempotency.cleanup_worker = off, read before and after every batch of it), so every count
 -- is the function's own.
+-- Edition: C++ only: the cleanup worker and the shared-memory statistics (the portable edition: portable_cleanup).
 \set ON_ERROR_STOP 1
 \pset format unaligned
 \pset tuples_only on

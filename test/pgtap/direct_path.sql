@@ -3,6 +3,7 @@
 -- would (read-only transactions, NOT NULLs, extra columns, other indexes). Code on the table
 -- (triggers, rules, CHECK constraints, defaults, computed indexes) is refused since 1.2.
 -- Run by test/run.sh in a fresh database with pgtap and idempotency installed.
+-- Edition: C++ only: the direct heap path.
 \set ON_ERROR_STOP 1
 \pset format unaligned
 \pset tuples_only on

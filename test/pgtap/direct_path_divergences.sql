@@ -4,6 +4,7 @@
 -- them (a default, an identity column) are refused since 1.2 before anything is written.
 -- Run by test/run.sh in a fresh database with pgtap and idempotency installed, as a superuser
 -- (the extension owner), which may alter the table; every change is rolled back.
+-- Edition: C++ only: the direct heap path.
 \set ON_ERROR_STOP 1
 \pset format unaligned
 \pset tuples_only on

@@ -1,5 +1,6 @@
 -- pgTAP: CREATE EXTENSION then DROP EXTENSION leaves nothing behind (issue #2), also after
 -- the extension was used, and it can be created again in the same session.
+-- Edition: C++ only: CREATE / DROP EXTENSION.
 \set ON_ERROR_STOP 1
 SET client_min_messages = warning;
 SELECT plan(8);

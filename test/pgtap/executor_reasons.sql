@@ -6,6 +6,7 @@
 -- constraint). The reasons not here cannot be reached from SQL: the installation check
 -- refuses their tables first (test/pgtap/security_checks.sql; test/mutants/mutants.txt says
 -- which). Run by test/run.sh in a fresh database with pgtap and idempotency installed.
+-- Edition: C++ only: the choice between the direct heap path and the executor.
 \set ON_ERROR_STOP 1
 \pset format unaligned
 \pset tuples_only on

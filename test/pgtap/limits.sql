@@ -20,7 +20,7 @@ CREATE FUNCTION rows_of(k text) RETURNS int LANGUAGE sql AS
 -- A claim of k by `call` (claim_key or claim_keys, default ttl and lease) with `setting` at
 -- `value` for its transaction: how long the key lives and its lease, or how it failed.
 CREATE FUNCTION claim_with(setting text, value text, call text, k text) RETURNS text LANGUAGE plpgsql AS $$
-DECLARE state text; message text; result text; old text := current_setting(setting);
+DECLARE state text; message text; result text; old text := coalesce(current_setting(setting, true), '');
 BEGIN
   PERFORM set_config(setting, value, true);
   BEGIN

@@ -6,6 +6,7 @@
 -- Run by test/run.sh in a fresh database with pgtap and idempotency installed.
 -- On every path: run as it is and with the table on the executor path
 -- (test/paths/executor.setup.sql); the result lines must be the same.
+-- Edition: C++ only: its refusal inside security-restricted operations (the portable edition: SECURITY.md).
 \set ON_ERROR_STOP 1
 \pset format unaligned
 \pset tuples_only on

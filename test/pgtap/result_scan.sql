@@ -5,6 +5,7 @@
 -- scrollable cursor, a plan that outlives the extension. Every case that the scan leaves to
 -- the function scan (a whole-row reference, ORDINALITY, a function wrapped by SET) keeps it.
 -- Run by test/run.sh in a fresh database with pgtap and idempotency installed.
+-- Edition: C++ only: the result scan.
 \set ON_ERROR_STOP 1
 \pset format unaligned
 \pset tuples_only on

@@ -12,6 +12,7 @@
 -- run as postgres: the attacks run as the other roles through sectest.*_as(role, sql),
 -- which does SET ROLE / RESET ROLE around the statement, or at top level between
 -- SET ROLE and RESET ROLE with their results kept in psql variables (\gset).
+-- Edition: C++ only: the attacks on an extension owned by a superuser (the portable edition: portable_security).
 \set ON_ERROR_STOP 1
 \pset format unaligned
 \pset tuples_only on

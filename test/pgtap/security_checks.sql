@@ -14,6 +14,7 @@
 -- superusers to set, and a settable citus.version changes nothing.
 -- Each refusal: 42501 with a message naming what is attached, nothing written, no role
 -- changed. Run by test/run.sh in a fresh database (pgtap and idempotency created by postgres).
+-- Edition: C++ only: the installation checks of an extension owned by a superuser (the portable edition has its own: portable_install).
 \set ON_ERROR_STOP 1
 \pset format unaligned
 \pset tuples_only on

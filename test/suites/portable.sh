@@ -1,0 +1,148 @@
+#!/usr/bin/env bash
+# The portable edition's installs and what only it has (issue #36), on a server where the C++
+# library is neither preloaded nor created:
+#   1. psql -f of the generated script by the database owner, who is not a superuser; an
+#      application role with USAGE only; per-role keys under row-level security;
+#   2. an update in place from the script of version 1.2.0 to the current one, with keys in it;
+#   3. keys dumped from the portable edition restored into the C++ edition and back, answering
+#      replay on the other side;
+#   4. cleanup by pg_cron (Debian's postgresql-15-cron): the documented cron.schedule block.
+# The behaviour suites (pgtap-portable, isolation-portable) are run by test/run.sh.
+set -uo pipefail
+source "$(dirname "${BASH_SOURCE[0]}")/../lib.sh"
+
+build_and_install
+idem_scratch_init
+
+PASSED=0
+FAILED=0
+expect() { # NAME GOT WANTED
+  if [[ $2 == "$3" ]]; then
+    echo "ok - $1"
+    PASSED=$((PASSED + 1))
+  else
+    echo "not ok - $1"
+    echo "    got '$2', expected '$3'"
+    FAILED=$((FAILED + 1))
+  fi
+}
+q() { as_pg psql -X -q -At -v ON_ERROR_STOP=1 "$@" 2>&1; }
+
+GEN="$IDEM_ROOT/portable/tools/generate.sh"
+DIR="$IDEM_SCRATCH/portable"
+mkdir -p "$DIR"
+idem_is_root && chown postgres: "$DIR"
+bash "$GEN" psql >"$DIR/current.sql"
+bash "$GEN" psql 1.2.0 >"$DIR/v1.2.0.sql"
+chmod 644 "$DIR"/*.sql
+
+# pg_cron must be preloaded, and names the database its jobs run in.
+cluster_start "$DIR/server" "" "shared_preload_libraries = 'pg_cron'" "cron.database_name = 'shop'" "cron.host = '$DIR/server'" ||
+  { echo "0 passed, 1 failed"; exit 1; }
+
+q -c "CREATE ROLE shop_owner LOGIN" -c "CREATE ROLE app_a LOGIN" -c "CREATE ROLE app_b LOGIN" \
+  -c "CREATE DATABASE shop OWNER shop_owner" >/dev/null
+
+# --- 1. psql -f by the database owner --------------------------------------------------
+expect "the installing role is not a superuser" "$(q -d shop -c "SELECT rolsuper FROM pg_roles WHERE rolname = 'shop_owner'")" "f"
+out="$(as_pg psql -X -q -v ON_ERROR_STOP=1 -U shop_owner -d shop -f "$DIR/current.sql" 2>&1)"
+expect "psql -f by the database owner installs the portable edition" "$?:$out" "0:"
+expect "the edition and its version" "$(q -d shop -c "SELECT name || ' ' || version FROM idempotency.edition")" "portable 1.2.1"
+expect "the C++ library is not loaded" "$(q -d shop -c "SELECT count(*) FROM pg_extension WHERE extname = 'idempotency'")" "0"
+expect "every object belongs to the installing role" \
+  "$(q -d shop -c "SELECT count(*) FROM pg_class WHERE relnamespace = 'idempotency'::regnamespace AND relowner <> 'shop_owner'::regrole")" "0"
+expect "no SECURITY DEFINER function" \
+  "$(q -d shop -c "SELECT count(*) FROM pg_proc WHERE pronamespace = 'idempotency'::regnamespace AND prosecdef")" "0"
+expect "every function and table has a COMMENT" \
+  "$(q -d shop -c "SELECT count(*) FROM pg_proc p WHERE pronamespace = 'idempotency'::regnamespace AND obj_description(p.oid, 'pg_proc') IS NULL") $(q -d shop -c "SELECT count(*) FROM pg_class c WHERE relnamespace = 'idempotency'::regnamespace AND relkind IN ('r', 'v') AND obj_description(c.oid, 'pg_class') IS NULL")" "0 0"
+expect "without USAGE an application role reaches nothing (42501)" \
+  "$(q -U app_a -d shop -c "SELECT idempotency.claim_key('k')" | grep -o 'permission denied for schema idempotency')" \
+  "permission denied for schema idempotency"
+q -U shop_owner -d shop -c "GRANT USAGE ON SCHEMA idempotency TO app_a, app_b" >/dev/null
+token_a="$(q -U app_a -d shop -c "SELECT token FROM idempotency.claim_key('order-1', idempotency.request_fingerprint('{\"amount\": 100}'::jsonb))")"
+expect "app_a claims" "$(q -U app_a -d shop -c "SELECT status FROM idempotency.complete_key('order-1', '$token_a', '{\"id\": 1}', 201)")" "replay"
+expect "app_b: the same key is its own, claimed afresh" "$(q -U app_b -d shop -c "SELECT status FROM idempotency.claim_key('order-1')")" "claimed"
+expect "app_b sees only its own rows" "$(q -U app_b -d shop -c "SELECT string_agg(owner, ',') FROM idempotency.idempotency_keys")" "app_b"
+expect "app_b cannot write a row in app_a's name (42501)" \
+  "$(q -U app_b -d shop -c "INSERT INTO idempotency.idempotency_keys (owner, key, ttl, lease, created_at, expires_at, updated_at) VALUES ('app_a', 'x', '1h', '1h', now(), now() + '1h', now())" | grep -o 'violates row-level security policy')" \
+  "violates row-level security policy"
+expect "app_b cannot change app_a's key" \
+  "$(q -U app_b -d shop -c "UPDATE idempotency.idempotency_keys SET response = '{}' WHERE owner = 'app_a'; SELECT 'done'")" "done"
+expect "and app_a's key kept its response" "$(q -U app_a -d shop -c "SELECT response FROM idempotency.claim_key('order-1', idempotency.request_fingerprint('{\"amount\": 100}'::jsonb))")" '{"id": 1}'
+expect "app_b cannot read app_a's lock secret" "$(q -U app_b -d shop -c "SELECT count(*) FROM idempotency.role_secrets WHERE owner = 'app_a'")" "0"
+expect "app_b cannot run the cleanup (42501)" \
+  "$(q -U app_b -d shop -c "SELECT idempotency.idempotency_cleanup()" | grep -o 'permission denied for function idempotency_cleanup')" \
+  "permission denied for function idempotency_cleanup"
+expect "app_b cannot truncate the table (42501)" \
+  "$(q -U app_b -d shop -c "TRUNCATE idempotency.idempotency_keys" | grep -o 'permission denied')" "permission denied"
+expect "a bad setting is refused at the call (22023)" \
+  "$(q -U app_a -d shop -c "SET idempotency.default_ttl = '-5'" -c "SELECT idempotency.claim_key('bad-setting')" | grep -o 'invalid value for parameter "idempotency.default_ttl"')" \
+  'invalid value for parameter "idempotency.default_ttl"'
+expect "gen_uuid_v7 is version 7, increasing, and carries its time" \
+  "$(q -d shop -c "SELECT bool_and(substr(u::text, 15, 1) = '7' AND substr(u::text, 20, 1) IN ('8','9','a','b')) AND count(DISTINCT u) = 1000 AND bool_and(idempotency.uuid_v7_time(u) BETWEEN now() - interval '1 min' AND clock_timestamp()) FROM (SELECT idempotency.gen_uuid_v7() u FROM generate_series(1, 1000)) s")
+$(q -d shop -c "SELECT bool_and(u > p) FROM (SELECT u, lag(u) OVER (ORDER BY i) p FROM (SELECT i, idempotency.gen_uuid_v7() u FROM generate_series(1, 1000) i) s) t WHERE p IS NOT NULL")" "t
+t"
+
+# The SQL walkthrough of examples/README.md, as printed, as the application role of a database
+# it owns and where it installed the portable edition itself: what walkthrough.out shows.
+q -c "CREATE ROLE app LOGIN" -c "CREATE DATABASE app OWNER app" >/dev/null
+as_pg psql -X -q -v ON_ERROR_STOP=1 -U app -d app -f "$DIR/current.sql" >/dev/null 2>&1
+cp "$IDEM_ROOT/examples/sql/walkthrough.sql" "$DIR/" && chmod 644 "$DIR/walkthrough.sql"
+as_pg psql -X -v ON_ERROR_STOP=1 -U app -d app -f "$DIR/walkthrough.sql" >"$DIR/walkthrough.out" 2>"$DIR/walkthrough.err"
+expect "examples/sql/walkthrough.sql prints walkthrough.out on the portable edition" \
+  "$?:$(diff "$IDEM_ROOT/examples/sql/walkthrough.out" "$DIR/walkthrough.out" | head -20)" "0:"
+
+# --- 2. update in place from 1.2.0 with keys in it -----------------------------------------
+q -c "CREATE DATABASE upd OWNER shop_owner" >/dev/null
+out="$(as_pg psql -X -q -v ON_ERROR_STOP=1 -U shop_owner -d upd -f "$DIR/v1.2.0.sql" 2>&1)"
+expect "version 1.2.0 installs" "$?:$(q -d upd -c "SELECT version FROM idempotency.edition")" "0:1.2.0"
+q -U shop_owner -d upd -c "GRANT USAGE ON SCHEMA idempotency TO app_a" >/dev/null
+tok="$(q -U app_a -d upd -c "SELECT token FROM idempotency.claim_key('kept')")"
+q -U app_a -d upd -c "SELECT idempotency.complete_key('kept', '$tok', '{\"kept\": true}', 200)" >/dev/null
+out="$(as_pg psql -X -q -v ON_ERROR_STOP=1 -U shop_owner -d upd -f "$DIR/current.sql" 2>&1)"
+expect "the current script updates it in place" "$?:$(q -d upd -c "SELECT version FROM idempotency.edition")" "0:1.2.1"
+expect "the key survives the update and replays" "$(q -U app_a -d upd -c "SELECT status || ' ' || response::text FROM idempotency.claim_key('kept')")" 'replay {"kept": true}'
+expect "the update brought the key counts" "$(q -d upd -c "SELECT completed FROM idempotency_monitor.key_counts")" "1"
+out="$(as_pg psql -X -q -v ON_ERROR_STOP=1 -U shop_owner -d upd -f "$DIR/current.sql" 2>&1)"
+expect "running the current script again changes nothing" "$?:$(q -d upd -c "SELECT version || ' ' || (SELECT count(*) FROM idempotency.idempotency_keys) FROM idempotency.edition")" "0:1.2.1 1"
+
+# --- 3. keys move between the editions -------------------------------------------------
+q -c "CREATE DATABASE cpp" -c "CREATE DATABASE back OWNER shop_owner" >/dev/null
+q -d cpp -c "CREATE EXTENSION idempotency" -c "GRANT USAGE ON SCHEMA idempotency TO app_a" >/dev/null
+as_pg pg_dump -h "$PGHOST" -p "$PGPORT" -U postgres -d shop --data-only -t idempotency.idempotency_keys -f "$DIR/keys.sql"
+q -d cpp -f "$DIR/keys.sql" >/dev/null
+expect "portable -> C++: app_a's key answers replay there" \
+  "$(q -U app_a -d cpp -c "SELECT status || ' ' || response::text || ' ' || response_code FROM idempotency.claim_key('order-1', idempotency.request_fingerprint('{\"amount\": 100}'::jsonb))")" \
+  'replay {"id": 1} 201'
+tok="$(q -U app_a -d cpp -c "SELECT token FROM idempotency.claim_key('from-cpp')")"
+q -U app_a -d cpp -c "SELECT idempotency.complete_key('from-cpp', '$tok', '{\"cpp\": 1}', 200, response_body => '\\x00ff', response_headers => '{\"X-A\": \"1\"}')" >/dev/null
+as_pg psql -X -q -v ON_ERROR_STOP=1 -U shop_owner -d back -f "$DIR/current.sql" >/dev/null 2>&1
+q -U shop_owner -d back -c "GRANT USAGE ON SCHEMA idempotency TO app_a" >/dev/null
+as_pg pg_dump -h "$PGHOST" -p "$PGPORT" -U postgres -d cpp --data-only -t idempotency.idempotency_keys -f "$DIR/keys-cpp.sql"
+q -d back -f "$DIR/keys-cpp.sql" >/dev/null
+expect "C++ -> portable: the key answers replay as sent" \
+  "$(q -U app_a -d back -c "SELECT status || ' ' || response::text || ' ' || encode(response_body, 'hex') || ' ' || response_headers::text FROM idempotency.claim_key('from-cpp')")" \
+  'replay {"cpp": 1} 00ff {"X-A": "1"}'
+expect "the same fingerprint in both editions" \
+  "$(q -d cpp -c "SELECT encode(idempotency.request_fingerprint('{\"b\": [1, \"x\", null, true], \"a\": 1.50}'::jsonb), 'hex')")" \
+  "$(q -d shop -c "SELECT encode(idempotency.request_fingerprint('{\"a\": 1.5, \"b\": [1, \"x\", null, true]}'::jsonb), 'hex')")"
+
+# --- 4. cleanup by pg_cron (the block of portable/README.md) ---------------------------------
+q -d shop -c "CREATE EXTENSION pg_cron" -c "GRANT USAGE ON SCHEMA cron TO shop_owner" >/dev/null
+q -U app_a -d shop -c "SELECT idempotency.claim_key('expiring', ttl => '1 second', lease => '1 second')" >/dev/null
+q -U shop_owner -d shop -c "SELECT cron.schedule('idempotency-cleanup', '* * * * *', 'CALL idempotency.cleanup_in_batches()')" >/dev/null
+# pg_cron 1.4 runs a job at the start of a minute: wait for its first run (at most 130 s).
+ran=""
+for _ in $(seq 1 130); do
+  ran="$(q -d shop -c "SELECT status FROM cron.job_run_details ORDER BY runid DESC LIMIT 1")"
+  [[ $ran == succeeded || $ran == failed ]] && break
+  sleep 1
+done
+expect "the cron job ran as the installing role and succeeded" "$ran" "succeeded"
+expect "it deleted the expired key and kept the live ones" \
+  "$(q -d shop -c "SELECT count(*) FILTER (WHERE key = 'expiring') || ' ' || count(*) FROM idempotency.idempotency_keys")" "0 2"
+q -d shop -c "SELECT cron.unschedule('idempotency-cleanup')" >/dev/null
+
+cluster_stop "$DIR/server"
+echo "$PASSED passed, $FAILED failed"
+((FAILED == 0))
