@@ -403,7 +403,14 @@ DECLARE
   expiry timestamptz;
   retries int := 0;
   pause float8 := 0.001;
+  me_oid oid;
+  here int8;
+  foreign_row boolean;
 BEGIN
+  IF NOT pg_catalog.has_schema_privilege('idempotency', 'USAGE') THEN
+    RAISE EXCEPTION 'permission denied for schema idempotency' USING ERRCODE = '42501',
+      DETAIL = 'Calls reached by OID (a BEGIN ATOMIC body, a view, a kept plan) are checked too.';
+  END IF;
   PERFORM idempotency.check_name(k, sc);
   IF fp IS NOT NULL THEN
     PERFORM idempotency.check_size(octet_length(fp), 'fingerprint', 'max_fingerprint_size', 64, 1024);
@@ -425,7 +432,17 @@ BEGIN
     SELECT * INTO r FROM idempotency.idempotency_keys t
      WHERE t.key = k AND t.scope = sc AND t.owner = me;
     found_row := FOUND;
-    IF found_row AND r.expires_at > now_ts THEN
+    -- A row of the caller's name stamped here by another role (an earlier role of this name)
+    -- is absent for the caller: a claim replaces it with a fresh one.
+    foreign_row := false;
+    IF found_row AND r.owner_oid IS NOT NULL AND r.owner_system IS NOT NULL THEN
+      me_oid := coalesce(me_oid, quote_ident(me)::regrole::oid);
+      IF r.owner_oid <> me_oid THEN
+        here := coalesce(here, (pg_control_system()).system_identifier);
+        foreign_row := r.owner_system = here;
+      END IF;
+    END IF;
+    IF found_row AND NOT foreign_row AND r.expires_at > now_ts THEN
       IF fp IS NOT NULL AND r.fingerprint IS NOT NULL AND r.fingerprint <> fp THEN
         RETURN idempotency.stored_answer('mismatch', r);
       END IF;
@@ -481,13 +498,16 @@ BEGIN
     END IF;
 
     tok := idempotency.uuid_v7_next();
+    me_oid := coalesce(me_oid, quote_ident(me)::regrole::oid);
+    here := coalesce(here, (pg_control_system()).system_identifier);
     until := now_ts + v_lease;
     expiry := greatest(now_ts + v_ttl, until);
     IF NOT found_row THEN
       INSERT INTO idempotency.idempotency_keys AS t
              (owner, scope, key, fingerprint, attempts, ttl, lease, created_at, expires_at,
-              lease_token, locked_until, status, updated_at)
-      VALUES (me, sc, k, fp, 1, v_ttl, v_lease, now_ts, expiry, tok, until, 'processing', now_ts)
+              lease_token, locked_until, status, updated_at, owner_oid, owner_system)
+      VALUES (me, sc, k, fp, 1, v_ttl, v_lease, now_ts, expiry, tok, until, 'processing', now_ts,
+              me_oid, here)
       ON CONFLICT (key, scope, owner) DO NOTHING;
       IF FOUND THEN
         RETURN ROW('claimed', tok, NULL, NULL, fp, NULL, 1, now_ts, expiry, NULL, NULL, NULL)::idempotency.claim_result;
@@ -498,12 +518,13 @@ BEGIN
       SELECT * INTO r FROM idempotency.idempotency_keys t
        WHERE t.key = k AND t.scope = sc AND t.owner = me
          FOR UPDATE SKIP LOCKED;
-      IF FOUND AND r.expires_at <= now_ts THEN
+      IF FOUND AND (r.expires_at <= now_ts
+                    OR (r.owner_oid <> me_oid AND r.owner_system = here)) THEN
         UPDATE idempotency.idempotency_keys t
            SET fingerprint = fp, attempts = 1, ttl = v_ttl, lease = v_lease, created_at = now_ts,
                expires_at = expiry, lease_token = tok, locked_until = until, recovery_point = NULL,
                status = 'processing', response_code = NULL, updated_at = now_ts, response = NULL,
-               response_body = NULL, response_headers = NULL
+               response_body = NULL, response_headers = NULL, owner_oid = me_oid, owner_system = here
          WHERE t.key = k AND t.scope = sc AND t.owner = me;
         RETURN ROW('claimed', tok, NULL, NULL, fp, NULL, 1, now_ts, expiry, NULL, NULL, NULL)::idempotency.claim_result;
       ELSIF FOUND AND r.status = 'processing'
@@ -512,7 +533,7 @@ BEGIN
         UPDATE idempotency.idempotency_keys t
            SET fingerprint = coalesce(t.fingerprint, fp), attempts = t.attempts + 1, ttl = v_ttl,
                lease = v_lease, expires_at = expiry, lease_token = tok, locked_until = until,
-               updated_at = now_ts
+               updated_at = now_ts, owner_oid = me_oid, owner_system = here
          WHERE t.key = k AND t.scope = sc AND t.owner = me
         RETURNING * INTO r;
         RETURN ROW('reclaimed', tok, NULL, NULL, r.fingerprint, r.recovery_point, r.attempts,
@@ -555,9 +576,11 @@ DECLARE
   described text := format('"%s"', key) || CASE WHEN scope = '' THEN '' ELSE format(' in scope "%s"', scope) END;
   issued timestamptz;
   current_at timestamptz;
+  me_oid oid := quote_ident(current_user)::regrole::oid;
+  here int8 := (pg_control_system()).system_identifier;
 BEGIN
   SELECT * INTO r FROM idempotency.idempotency_keys t
-   WHERE t.key = key AND t.scope = scope AND t.owner = current_user;
+   WHERE t.key = key AND t.scope = scope AND t.owner = current_user AND (t.owner_oid IS NULL OR t.owner_system IS NULL OR t.owner_oid = me_oid OR t.owner_system <> here);
   IF NOT FOUND OR r.expires_at <= clock_timestamp() THEN
     RAISE EXCEPTION 'idempotency key % does not exist or has expired', described USING ERRCODE = 'P0002';
   END IF;
@@ -712,7 +735,13 @@ DECLARE
   limit_bytes int8;
   now_ts timestamptz;
   r idempotency.idempotency_keys;
+  me_oid oid;
+  here int8;
 BEGIN
+  IF NOT pg_catalog.has_schema_privilege('idempotency', 'USAGE') THEN
+    RAISE EXCEPTION 'permission denied for schema idempotency' USING ERRCODE = '42501',
+      DETAIL = 'Calls reached by OID (a BEGIN ATOMIC body, a view, a kept plan) are checked too.';
+  END IF;
   PERFORM idempotency.check_name(k, sc);
   PERFORM idempotency.check_token(tok);
   limit_bytes := idempotency.setting_value('max_response_size', 1048576, 1, 536870911, 'B');
@@ -724,12 +753,15 @@ BEGIN
   IF headers IS NOT NULL THEN
     PERFORM idempotency.check_headers(headers);
   END IF;
+  me_oid := quote_ident(me)::regrole::oid;
+  here := (pg_control_system()).system_identifier;
   now_ts := clock_timestamp();
   UPDATE idempotency.idempotency_keys t
      SET status = 'completed', response_code = code, updated_at = now_ts, response = resp,
-         expires_at = now_ts + t.ttl, response_body = body, response_headers = headers
+         expires_at = now_ts + t.ttl, response_body = body, response_headers = headers,
+         owner_oid = me_oid, owner_system = here
    WHERE t.key = k AND t.scope = sc AND t.lease_token = tok AND t.owner = me
-     AND t.status = 'processing' AND t.expires_at > now_ts
+     AND t.status = 'processing' AND t.expires_at > now_ts AND (t.owner_oid IS NULL OR t.owner_system IS NULL OR t.owner_oid = me_oid OR t.owner_system <> here)
   RETURNING * INTO r;
   IF NOT FOUND THEN
     r := idempotency.explain_fence(k, sc, tok);
@@ -762,14 +794,22 @@ DECLARE
   sc text := release_key.scope;
   tok uuid := release_key.token;
   now_ts timestamptz;
+  me_oid oid;
+  here int8;
 BEGIN
+  IF NOT pg_catalog.has_schema_privilege('idempotency', 'USAGE') THEN
+    RAISE EXCEPTION 'permission denied for schema idempotency' USING ERRCODE = '42501',
+      DETAIL = 'Calls reached by OID (a BEGIN ATOMIC body, a view, a kept plan) are checked too.';
+  END IF;
   PERFORM idempotency.check_name(k, sc);
   PERFORM idempotency.check_token(tok);
+  me_oid := quote_ident(current_user)::regrole::oid;
+  here := (pg_control_system()).system_identifier;
   now_ts := clock_timestamp();
   UPDATE idempotency.idempotency_keys t
-     SET lease_token = NULL, locked_until = NULL, updated_at = now_ts
+     SET lease_token = NULL, locked_until = NULL, updated_at = now_ts, owner_oid = me_oid, owner_system = here
    WHERE t.key = k AND t.scope = sc AND t.lease_token = tok AND t.owner = current_user
-     AND t.status = 'processing' AND t.expires_at > now_ts;
+     AND t.status = 'processing' AND t.expires_at > now_ts AND (t.owner_oid IS NULL OR t.owner_system IS NULL OR t.owner_oid = me_oid OR t.owner_system <> here);
   IF NOT FOUND THEN
     PERFORM idempotency.explain_fence(k, sc, tok);
     RAISE EXCEPTION 'idempotency key % is completed and cannot be released',
@@ -801,7 +841,13 @@ DECLARE
   v_lease interval;
   now_ts timestamptz;
   until timestamptz;
+  me_oid oid;
+  here int8;
 BEGIN
+  IF NOT pg_catalog.has_schema_privilege('idempotency', 'USAGE') THEN
+    RAISE EXCEPTION 'permission denied for schema idempotency' USING ERRCODE = '42501',
+      DETAIL = 'Calls reached by OID (a BEGIN ATOMIC body, a view, a kept plan) are checked too.';
+  END IF;
   PERFORM idempotency.check_name(k, sc);
   PERFORM idempotency.check_token(tok);
   IF point IS NOT NULL THEN
@@ -810,10 +856,12 @@ BEGIN
   IF checkpoint_key.lease IS NOT NULL THEN
     v_lease := idempotency.checked_interval(checkpoint_key.lease, 'lease');
   END IF;
+  me_oid := quote_ident(current_user)::regrole::oid;
+  here := (pg_control_system()).system_identifier;
   now_ts := clock_timestamp();
   IF v_lease IS NULL THEN
     SELECT t.lease INTO v_lease FROM idempotency.idempotency_keys t
-     WHERE t.key = k AND t.scope = sc AND t.owner = current_user AND t.expires_at > now_ts;
+     WHERE t.key = k AND t.scope = sc AND t.owner = current_user AND t.expires_at > now_ts AND (t.owner_oid IS NULL OR t.owner_system IS NULL OR t.owner_oid = me_oid OR t.owner_system <> here);
     IF NOT FOUND THEN
       PERFORM idempotency.explain_fence(k, sc, tok);
     END IF;
@@ -821,9 +869,9 @@ BEGIN
   until := now_ts + v_lease;
   UPDATE idempotency.idempotency_keys t
      SET recovery_point = point, locked_until = until, expires_at = greatest(t.expires_at, until),
-         updated_at = now_ts
+         updated_at = now_ts, owner_oid = me_oid, owner_system = here
    WHERE t.key = k AND t.scope = sc AND t.lease_token = tok AND t.owner = current_user
-     AND t.status = 'processing' AND t.expires_at > now_ts;
+     AND t.status = 'processing' AND t.expires_at > now_ts AND (t.owner_oid IS NULL OR t.owner_system IS NULL OR t.owner_oid = me_oid OR t.owner_system <> here);
   IF NOT FOUND THEN
     PERFORM idempotency.explain_fence(k, sc, tok);
     RAISE EXCEPTION 'idempotency key % is completed; there is nothing to checkpoint',
@@ -893,6 +941,10 @@ DECLARE
   answer idempotency.claim_result;
   sc text := claim_keys.scope;
 BEGIN
+  IF NOT pg_catalog.has_schema_privilege('idempotency', 'USAGE') THEN
+    RAISE EXCEPTION 'permission denied for schema idempotency' USING ERRCODE = '42501',
+      DETAIL = 'Calls reached by OID (a BEGIN ATOMIC body, a view, a kept plan) are checked too.';
+  END IF;
   IF keys IS NULL THEN
     RAISE EXCEPTION 'keys must not be null' USING ERRCODE = '22004',
       HINT = 'Pass an array of keys; an empty array gives no rows.';
@@ -972,6 +1024,10 @@ DECLARE
   answer idempotency.claim_result;
   sc text := complete_keys_each.scope;
 BEGIN
+  IF NOT pg_catalog.has_schema_privilege('idempotency', 'USAGE') THEN
+    RAISE EXCEPTION 'permission denied for schema idempotency' USING ERRCODE = '42501',
+      DETAIL = 'Calls reached by OID (a BEGIN ATOMIC body, a view, a kept plan) are checked too.';
+  END IF;
   IF keys IS NULL THEN
     RAISE EXCEPTION 'keys must not be null' USING ERRCODE = '22004',
       HINT = 'Pass an array of keys; an empty array gives no rows.';
@@ -1065,25 +1121,54 @@ COMMENT ON FUNCTION idempotency.complete_keys(text[], uuid[], jsonb[], integer[]
 -- Cleanup without a worker
 -------------------------------------------------------------------------------
 
--- One batch: expired keys and keys whose owner names no role (dropped or renamed), locked
--- with SKIP LOCKED so that no claim waits for it and it waits for no claim.
+-- One batch: expired keys, keys whose owner names no role (dropped or renamed), and keys
+-- stamped in this cluster by a role that is not the role of their name now (an earlier role
+-- of that name), locked with SKIP LOCKED so that no claim waits for it and it waits for no claim.
 CREATE OR REPLACE FUNCTION idempotency.cleanup_batch(batch_size pg_catalog.int4)
 RETURNS pg_catalog.int8
 LANGUAGE sql VOLATILE SECURITY INVOKER PARALLEL UNSAFE
 AS $$
-  WITH doomed AS (
-    SELECT t.ctid FROM idempotency.idempotency_keys t
+  WITH here AS (SELECT system_identifier AS id FROM pg_catalog.pg_control_system()),
+  doomed AS (
+    SELECT t.ctid FROM idempotency.idempotency_keys t, here
      WHERE t.expires_at <= clock_timestamp()
-        OR NOT EXISTS (SELECT FROM pg_catalog.pg_roles r WHERE r.rolname = t.owner)
+        OR NOT EXISTS (SELECT FROM pg_catalog.pg_roles r
+                        WHERE r.rolname = t.owner
+                          AND (t.owner_oid IS NULL OR t.owner_system IS NULL
+                               OR t.owner_system <> here.id OR r.oid = t.owner_oid))
      LIMIT batch_size
-       FOR UPDATE SKIP LOCKED),
+       FOR UPDATE OF t SKIP LOCKED),
   gone AS (
     DELETE FROM idempotency.idempotency_keys t USING doomed WHERE t.ctid = doomed.ctid RETURNING 1)
   SELECT count(*) FROM gone
 $$;
 COMMENT ON FUNCTION idempotency.cleanup_batch(integer) IS
-  'Internal: deletes at most batch_size expired keys or keys of roles that no longer exist, skipping locked rows.';
+  'Internal: deletes at most batch_size expired keys, keys of roles that no longer exist and keys '
+  'stamped here by an earlier role of their name, skipping locked rows.';
 REVOKE ALL ON FUNCTION idempotency.cleanup_batch(integer) FROM PUBLIC;
+
+-- One batch of adoptions: rows not stamped, or stamped in another cluster (restored,
+-- replicated), whose name names a role, get that role's OID and this cluster's identifier;
+-- from then on a role dropped and created again under the name cannot inherit them.
+CREATE OR REPLACE FUNCTION idempotency.adopt_batch(batch_size pg_catalog.int4)
+RETURNS pg_catalog.int8
+LANGUAGE sql VOLATILE SECURITY INVOKER PARALLEL UNSAFE
+AS $$
+  WITH here AS (SELECT system_identifier AS id FROM pg_catalog.pg_control_system()),
+  adopted AS (
+    SELECT t.ctid, r.oid FROM idempotency.idempotency_keys t
+      JOIN pg_catalog.pg_roles r ON r.rolname = t.owner, here
+     WHERE t.owner_oid IS NULL OR t.owner_system IS NULL OR t.owner_system <> here.id
+     LIMIT batch_size
+       FOR UPDATE OF t SKIP LOCKED),
+  stamped AS (
+    UPDATE idempotency.idempotency_keys t SET owner_oid = adopted.oid, owner_system = here.id
+      FROM adopted, here WHERE t.ctid = adopted.ctid RETURNING 1)
+  SELECT count(*) FROM stamped
+$$;
+COMMENT ON FUNCTION idempotency.adopt_batch(integer) IS
+  'Internal: stamps at most batch_size unstamped or foreign keys with the role of their name, skipping locked rows.';
+REVOKE ALL ON FUNCTION idempotency.adopt_batch(integer) FROM PUBLIC;
 
 CREATE OR REPLACE FUNCTION idempotency.idempotency_cleanup(batch_size pg_catalog.int4 DEFAULT NULL)
 RETURNS pg_catalog.int8
@@ -1091,10 +1176,14 @@ LANGUAGE plpgsql VOLATILE SECURITY INVOKER PARALLEL UNSAFE
 SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
-  size int4 := coalesce(batch_size, idempotency.setting_value('cleanup_batch_size', 5000, 1, 1000000, '')::int4);
+  size int4;
   deleted int8 := 0;
   batch int8;
 BEGIN
+  IF NOT pg_catalog.has_schema_privilege('idempotency', 'USAGE') THEN
+    RAISE EXCEPTION 'permission denied for schema idempotency' USING ERRCODE = '42501';
+  END IF;
+  size := coalesce(batch_size, idempotency.setting_value('cleanup_batch_size', 5000, 1, 1000000, '')::int4);
   IF size < 1 OR size > 1000000 THEN
     RAISE EXCEPTION 'batch_size must be between 1 and 1000000' USING ERRCODE = '22023';
   END IF;
@@ -1103,13 +1192,17 @@ BEGIN
     deleted := deleted + batch;
     EXIT WHEN batch < size;
   END LOOP;
+  LOOP
+    EXIT WHEN idempotency.adopt_batch(size) < size;
+  END LOOP;
   DELETE FROM idempotency.role_secrets s
    WHERE NOT EXISTS (SELECT FROM pg_catalog.pg_roles r WHERE r.rolname = s.owner);
   RETURN deleted;
 END
 $$;
 COMMENT ON FUNCTION idempotency.idempotency_cleanup(integer) IS
-  'Deletes expired keys, and keys whose owner names no role, now, in batches of batch_size '
+  'Deletes expired keys, and keys whose owner names no role or an earlier role of its name, and '
+  'stamps keys restored from elsewhere with the role of their name, now, in batches of batch_size '
   '(default 5000) with SKIP LOCKED, in the caller''s transaction; returns how many. For '
   'pg_cron prefer CALL idempotency.cleanup_in_batches(), which commits after each batch.';
 REVOKE ALL ON FUNCTION idempotency.idempotency_cleanup(integer) FROM PUBLIC;
@@ -1131,6 +1224,13 @@ BEGIN
     COMMIT;  -- each batch its own short transaction: its row locks go at once
     EXIT WHEN batch < batch_size OR rounds >= max_batches;
   END LOOP;
+  rounds := 0;
+  LOOP
+    batch := idempotency.adopt_batch(batch_size);
+    rounds := rounds + 1;
+    COMMIT;
+    EXIT WHEN batch < batch_size OR rounds >= max_batches;
+  END LOOP;
   DELETE FROM idempotency.role_secrets s
    WHERE NOT EXISTS (SELECT FROM pg_catalog.pg_roles r WHERE r.rolname = s.owner);
 END
@@ -1150,7 +1250,7 @@ BEGIN
     SELECT DISTINCT p.oid::regprocedure::text AS name, a.grantee, p.prokind
       FROM pg_catalog.pg_proc p, pg_catalog.aclexplode(p.proacl) a
      WHERE p.pronamespace = 'idempotency'::regnamespace
-       AND p.proname IN ('idempotency_cleanup', 'cleanup_batch', 'cleanup_in_batches')
+       AND p.proname IN ('idempotency_cleanup', 'cleanup_batch', 'adopt_batch', 'cleanup_in_batches')
        AND a.grantee <> p.proowner
   LOOP
     EXECUTE format('REVOKE ALL ON %s %s FROM %s',

@@ -123,8 +123,10 @@ BEGIN
   RETURN lines;
 END
 $$;
+-- C++ edition only, from here (the portable edition has no result scan: its view runs the function scan)
 SELECT matches(plan_of('SELECT * FROM app.claimed'), 'Custom Scan \(idempotency function\)',
                'the view''s claim runs on the extension''s scan');
+-- C++ edition only, to here
 SELECT is(state_as('ug_stranger', $$SELECT * FROM app.claimed$$), '42501',
           'no USAGE: a view calling claim_key in FROM refuses');
 SELECT is(state_as('ug_stranger', $$SELECT * FROM app.claimed_in_list$$), '42501',
@@ -142,8 +144,10 @@ RESET ROLE;
 -- which read them through idempotency_monitor without USAGE on idempotency.
 SELECT is(state_as('ug_stranger', $$SELECT app.helpers()$$), 'ok',
           'no USAGE: gen_uuid_v7, request_fingerprint and uuid_v7_time still answer');
+-- C++ edition only, from here (shared-memory statistics; the portable edition has idempotency_monitor.key_counts)
 SELECT is(state_as('ug_monitor', $$SELECT count(*) FROM idempotency_monitor.idempotency_stats$$), 'ok',
           'a member of pg_monitor reads the statistics without USAGE on idempotency');
+-- C++ edition only, to here
 
 -- USAGE through a membership: the member claims, the membership goes, and its next call in
 -- this backend (which kept the verdict) refuses, with its own valid token too.
