@@ -68,12 +68,8 @@ CREATE TABLE idempotency.idempotency_keys (
   response         pg_catalog.jsonb,
   response_body    pg_catalog.bytea,
   response_headers pg_catalog.jsonb,
-  -- OWNER STAMP (issue #32): the C++ edition adds the role's stamp beside its name here
-  -- (owner_oid oid, owner_system bigint; NULL = adopted by name). When it lands, add the same
-  -- columns with ADD COLUMN IF NOT EXISTS in an update step (update-*.sql), fill them in
-  -- claim_key's INSERT / take-over, and extend the policy below and judge_row with the
-  -- stamp rule. Until then a role created under a dropped role's name adopts its keys that
-  -- the cleanup has not yet deleted (SECURITY.md, "The portable edition").
+  -- The owner stamp (owner_oid, owner_system) of issue #32 is added by update-1.2.1--1.3.0.sql,
+  -- last, as the C++ edition's 1.3 adds it.
   PRIMARY KEY (key, scope, owner),
   -- Hard ceilings, whatever a session sets: the C++ edition's largest settings. They bound
   -- what a role can store through the functions and by writing its own rows directly.

@@ -221,10 +221,80 @@ $$;
 COMMENT ON FUNCTION idempotency.fingerprint_stream(jsonb, boolean) IS
   'Internal: the canonical byte stream request_fingerprint(jsonb) hashes.';
 
+-- The stream is built here without calling fingerprint_stream (an explicit stack instead of
+-- recursion): the pure helpers name nothing in schema idempotency, so that a role without
+-- USAGE calling them through a granted role's function gets an answer, as from the C++
+-- edition's (SECURITY.md, least privilege). fingerprint_stream stays as the reference.
 CREATE OR REPLACE FUNCTION idempotency.request_fingerprint(payload pg_catalog.jsonb) RETURNS pg_catalog.bytea
 LANGUAGE plpgsql IMMUTABLE STRICT PARALLEL SAFE
 SET search_path = pg_catalog, pg_temp
-AS $$ BEGIN RETURN sha256(idempotency.fingerprint_stream(payload, true)); END $$;
+AS $$
+DECLARE
+  ops text[];      -- what to do next, last first: 'v' a value, 'k' a key, '}' or ']' a closer
+  vals jsonb[];    -- the value of a 'v'
+  keys text[];     -- the key of a 'k'
+  op text;
+  v jsonb;
+  kind text;
+  stream bytea := '';
+  item record;
+  entry_keys text[];
+  entry_vals jsonb[];
+  i int;
+  data bytea;
+  tag text;
+BEGIN
+  IF jsonb_typeof(payload) NOT IN ('object', 'array') THEN
+    stream := convert_to('r', 'SQL_ASCII') || int4send(0);
+    ops := ARRAY[']', 'v']; vals := ARRAY[NULL, payload]::jsonb[]; keys := ARRAY[NULL, NULL]::text[];
+  ELSE
+    ops := ARRAY['v']; vals := ARRAY[payload]; keys := ARRAY[NULL]::text[];
+  END IF;
+  WHILE cardinality(ops) > 0 LOOP
+    op := ops[cardinality(ops)]; v := vals[cardinality(ops)]; tag := keys[cardinality(ops)];
+    ops := ops[1:cardinality(ops) - 1]; vals := vals[1:cardinality(vals) - 1]; keys := keys[1:cardinality(keys) - 1];
+    IF op IN ('}', ']') THEN
+      stream := stream || convert_to(op, 'SQL_ASCII') || int4send(0);
+      CONTINUE;
+    ELSIF op = 'k' THEN
+      data := convert_to(tag, getdatabaseencoding());
+      stream := stream || convert_to('k', 'SQL_ASCII') || int4send(octet_length(data)) || data;
+      CONTINUE;
+    END IF;
+    kind := jsonb_typeof(v);
+    IF kind = 'object' THEN
+      stream := stream || convert_to('{', 'SQL_ASCII') || int4send(0);
+      SELECT coalesce(array_agg(e.key ORDER BY n), '{}'), coalesce(array_agg(e.value ORDER BY n), '{}')
+        INTO entry_keys, entry_vals FROM jsonb_each(v) WITH ORDINALITY AS e(key, value, n);
+      ops := ops || '}'::text; vals := vals || NULL::jsonb; keys := keys || NULL::text;
+      FOR i IN REVERSE cardinality(entry_keys) .. 1 LOOP
+        ops := ops || 'v'::text; vals := vals || entry_vals[i]; keys := keys || NULL::text;
+        ops := ops || 'k'::text; vals := vals || NULL::jsonb; keys := keys || entry_keys[i];
+      END LOOP;
+    ELSIF kind = 'array' THEN
+      stream := stream || convert_to('[', 'SQL_ASCII') || int4send(0);
+      SELECT coalesce(array_agg(e.value ORDER BY n), '{}') INTO entry_vals
+        FROM jsonb_array_elements(v) WITH ORDINALITY AS e(value, n);
+      ops := ops || ']'::text; vals := vals || NULL::jsonb; keys := keys || NULL::text;
+      FOR i IN REVERSE cardinality(entry_vals) .. 1 LOOP
+        ops := ops || 'v'::text; vals := vals || entry_vals[i]; keys := keys || NULL::text;
+      END LOOP;
+    ELSE
+      IF kind = 'null' THEN
+        tag := 'n'; data := '';
+      ELSIF kind = 'boolean' THEN
+        tag := CASE WHEN v::text = 'true' THEN 't' ELSE 'f' END; data := '';
+      ELSIF kind = 'string' THEN
+        tag := 's'; data := convert_to(v #>> '{}', getdatabaseencoding());
+      ELSE
+        tag := '#'; data := convert_to(trim_scale((v #>> '{}')::numeric)::text, 'SQL_ASCII');
+      END IF;
+      stream := stream || convert_to(tag, 'SQL_ASCII') || int4send(octet_length(data)) || data;
+    END IF;
+  END LOOP;
+  RETURN sha256(stream);
+END
+$$;
 COMMENT ON FUNCTION idempotency.request_fingerprint(jsonb) IS
   'SHA-256 of a jsonb payload; values equal as jsonb (any key order or spacing) give equal '
   'fingerprints, the same as the C++ edition''s.';
@@ -260,6 +330,7 @@ SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
   unix_us numeric;
+  units int8;
 BEGIN
   IF NOT isfinite(at) THEN
     RAISE EXCEPTION 'timestamp out of range for a UUIDv7: %', at USING ERRCODE = '22008';
@@ -269,7 +340,10 @@ BEGIN
     RAISE EXCEPTION 'timestamp out of range for a UUIDv7: %', at USING ERRCODE = '22008',
       DETAIL = 'A UUIDv7 holds times from 1970-01-01 00:00:00 UTC to 10889-08-02 05:31:50.655 UTC (48 bits of Unix milliseconds).';
   END IF;
-  RETURN idempotency.uuid_v7_of((floor(unix_us / 1000)::int8 << 12) + ((unix_us::int8 % 1000) * 4096 / 1000));
+  units := (floor(unix_us / 1000)::int8 << 12) + ((unix_us::int8 % 1000) * 4096 / 1000);
+  -- uuid_v7_of's body: nothing in schema idempotency is named (see request_fingerprint).
+  RETURN (lpad(to_hex(units >> 12), 12, '0') || '7' || lpad(to_hex(units & 4095), 3, '0')
+          || right(replace(gen_random_uuid()::text, '-', ''), 16))::uuid;
 END
 $$;
 COMMENT ON FUNCTION idempotency.gen_uuid_v7(timestamptz) IS
@@ -301,7 +375,21 @@ COMMENT ON FUNCTION idempotency.uuid_v7_next() IS
 CREATE OR REPLACE FUNCTION idempotency.gen_uuid_v7() RETURNS pg_catalog.uuid
 LANGUAGE plpgsql VOLATILE PARALLEL SAFE
 SET search_path = pg_catalog, pg_temp
-AS $$ BEGIN RETURN idempotency.uuid_v7_next(); END $$;
+AS $$
+-- The body of uuid_v7_next, which a role without USAGE could not call (see request_fingerprint).
+DECLARE
+  unix_us int8 := (extract(epoch FROM clock_timestamp()) * 1000000)::int8;
+  units int8 := ((unix_us / 1000) << 12) + (unix_us % 1000) * 4096 / 1000;
+  last int8 := coalesce(nullif(current_setting('idempotency_portable.uuid_v7_last', true), '')::int8, 0);
+BEGIN
+  IF units <= last THEN
+    units := last + 1;
+  END IF;
+  PERFORM set_config('idempotency_portable.uuid_v7_last', units::text, false);
+  RETURN (lpad(to_hex(units >> 12), 12, '0') || '7' || lpad(to_hex(units & 4095), 3, '0')
+          || right(replace(gen_random_uuid()::text, '-', ''), 16))::uuid;
+END
+$$;
 COMMENT ON FUNCTION idempotency.gen_uuid_v7() IS
   'A UUID version 7 (RFC 9562, PostgreSQL 18 layout): time-ordered, strictly increasing '
   'within a session, 62 random bits from a CSPRNG.';

@@ -143,22 +143,28 @@ SELECT throws_like($$SELECT * FROM complete_keys(ARRAY['f-1', 'f-none'],
 -- Every element is checked before any is claimed or completed: a batch whose last element is
 -- bad claims nothing, not even for a moment (the statistics, which a rollback does not undo,
 -- count no claim or completion).
+-- C++ edition only, from here (shared-memory statistics; the portable edition has no counters a rollback leaves)
 CREATE TEMP TABLE counted_before AS
   SELECT claimed, completed FROM idempotency_stats WHERE datname = current_database();
+-- C++ edition only, to here
 SELECT throws_ok($$SELECT * FROM claim_keys(ARRAY['last-bad-1', 'last-bad-2', ''])$$, '22023', NULL,
                  'a batch whose last key is empty: 22023');
+-- C++ edition only, from here (shared-memory statistics; the portable edition has no counters a rollback leaves)
 SELECT is((SELECT s.claimed - b.claimed FROM idempotency_stats s, counted_before b
             WHERE s.datname = current_database()), 0::bigint,
           'and no element of it was claimed first (no claim counted)');
+-- C++ edition only, to here
 CREATE TEMP TABLE last_bad AS SELECT * FROM claim_keys(ARRAY['last-bad-1', 'last-bad-2']);
 SELECT throws_ok($$SELECT * FROM complete_keys(ARRAY['last-bad-1', 'last-bad-2'],
                                                (SELECT array_agg(token ORDER BY ordinality) FROM last_bad),
                                                ARRAY['{}', '{}']::jsonb[], NULL, '', NULL,
                                                ARRAY['{}', '{"Bad Name": "x"}']::jsonb[])$$,
                  '22023', NULL, 'a completion batch whose last headers are bad: 22023');
+-- C++ edition only, from here (shared-memory statistics; the portable edition has no counters a rollback leaves)
 SELECT is((SELECT s.completed - b.completed FROM idempotency_stats s, counted_before b
             WHERE s.datname = current_database()), 0::bigint,
           'and no element of it was completed first (no completion counted)');
+-- C++ edition only, to here
 SELECT throws_ok($$SELECT * FROM claim_keys(NULL)$$, '22004', NULL, 'keys NULL: 22004');
 SELECT throws_ok($$SELECT * FROM claim_keys(ARRAY['v-1', NULL])$$, '22004', NULL, 'a NULL key: 22004');
 SELECT throws_ok($$SELECT * FROM claim_keys(ARRAY['v-1', ''])$$, '22023', NULL, 'an empty key: 22023');

@@ -47,7 +47,7 @@ q -c "CREATE ROLE shop_owner LOGIN" -c "CREATE ROLE app_a LOGIN" -c "CREATE ROLE
 expect "the installing role is not a superuser" "$(q -d shop -c "SELECT rolsuper FROM pg_roles WHERE rolname = 'shop_owner'")" "f"
 out="$(as_pg psql -X -q -v ON_ERROR_STOP=1 -U shop_owner -d shop -f "$DIR/current.sql" 2>&1)"
 expect "psql -f by the database owner installs the portable edition" "$?:$out" "0:"
-expect "the edition and its version" "$(q -d shop -c "SELECT name || ' ' || version FROM idempotency.edition")" "portable 1.2.1"
+expect "the edition and its version" "$(q -d shop -c "SELECT name || ' ' || version FROM idempotency.edition")" "portable 1.3.0"
 expect "the C++ library is not loaded" "$(q -d shop -c "SELECT count(*) FROM pg_extension WHERE extname = 'idempotency'")" "0"
 expect "every object belongs to the installing role" \
   "$(q -d shop -c "SELECT count(*) FROM pg_class WHERE relnamespace = 'idempotency'::regnamespace AND relowner <> 'shop_owner'::regrole")" "0"
@@ -100,17 +100,24 @@ q -U shop_owner -d upd -c "GRANT USAGE ON SCHEMA idempotency TO app_a" >/dev/nul
 tok="$(q -U app_a -d upd -c "SELECT token FROM idempotency.claim_key('kept')")"
 q -U app_a -d upd -c "SELECT idempotency.complete_key('kept', '$tok', '{\"kept\": true}', 200)" >/dev/null
 out="$(as_pg psql -X -q -v ON_ERROR_STOP=1 -U shop_owner -d upd -f "$DIR/current.sql" 2>&1)"
-expect "the current script updates it in place" "$?:$(q -d upd -c "SELECT version FROM idempotency.edition")" "0:1.2.1"
+expect "the current script updates it in place" "$?:$(q -d upd -c "SELECT version FROM idempotency.edition")" "0:1.3.0"
 expect "the key survives the update and replays" "$(q -U app_a -d upd -c "SELECT status || ' ' || response::text FROM idempotency.claim_key('kept')")" 'replay {"kept": true}'
+expect "the update stamped the key with its role's OID and this cluster" \
+  "$(q -d upd -c "SELECT owner_oid = 'app_a'::regrole AND owner_system = (SELECT system_identifier FROM pg_control_system()) FROM idempotency.idempotency_keys WHERE key = 'kept'")" "t"
 expect "the update brought the key counts" "$(q -d upd -c "SELECT completed FROM idempotency_monitor.key_counts")" "1"
 out="$(as_pg psql -X -q -v ON_ERROR_STOP=1 -U shop_owner -d upd -f "$DIR/current.sql" 2>&1)"
-expect "running the current script again changes nothing" "$?:$(q -d upd -c "SELECT version || ' ' || (SELECT count(*) FROM idempotency.idempotency_keys) FROM idempotency.edition")" "0:1.2.1 1"
+expect "running the current script again changes nothing" "$?:$(q -d upd -c "SELECT version || ' ' || (SELECT count(*) FROM idempotency.idempotency_keys) FROM idempotency.edition")" "0:1.3.0 1"
 
 # --- 3. keys move between the editions -------------------------------------------------
 q -c "CREATE DATABASE cpp" -c "CREATE DATABASE back OWNER shop_owner" >/dev/null
 q -d cpp -c "CREATE EXTENSION idempotency" -c "GRANT USAGE ON SCHEMA idempotency TO app_a" >/dev/null
 as_pg pg_dump -h "$PGHOST" -p "$PGPORT" -U postgres -d shop --data-only -t idempotency.idempotency_keys -f "$DIR/keys.sql"
 q -d cpp -f "$DIR/keys.sql" >/dev/null
+expect "the portable dump carries the stamp columns" \
+  "$(grep -c '^COPY idempotency.idempotency_keys (.*owner_oid, owner_system) FROM stdin;' "$DIR/keys.sql")" "1"
+expect "portable -> C++: the rows keep their stamp (same cluster: app_a's OID)" \
+  "$(q -d cpp -c "SELECT count(*) FILTER (WHERE owner_oid = owner::regrole AND owner_system = (SELECT system_identifier FROM pg_control_system())) || ' ' || count(*) FROM idempotency.idempotency_keys")" \
+  "$(q -d shop -c "SELECT count(*) || ' ' || count(*) FROM idempotency.idempotency_keys")"
 expect "portable -> C++: app_a's key answers replay there" \
   "$(q -U app_a -d cpp -c "SELECT status || ' ' || response::text || ' ' || response_code FROM idempotency.claim_key('order-1', idempotency.request_fingerprint('{\"amount\": 100}'::jsonb))")" \
   'replay {"id": 1} 201'
@@ -120,12 +127,31 @@ as_pg psql -X -q -v ON_ERROR_STOP=1 -U shop_owner -d back -f "$DIR/current.sql" 
 q -U shop_owner -d back -c "GRANT USAGE ON SCHEMA idempotency TO app_a" >/dev/null
 as_pg pg_dump -h "$PGHOST" -p "$PGPORT" -U postgres -d cpp --data-only -t idempotency.idempotency_keys -f "$DIR/keys-cpp.sql"
 q -d back -f "$DIR/keys-cpp.sql" >/dev/null
+expect "the C++ dump carries the stamp columns" \
+  "$(grep -c '^COPY idempotency.idempotency_keys (.*owner_oid, owner_system) FROM stdin;' "$DIR/keys-cpp.sql")" "1"
+expect "C++ -> portable: the row keeps its stamp" \
+  "$(q -d back -c "SELECT owner_oid = 'app_a'::regrole AND owner_system = (SELECT system_identifier FROM pg_control_system()) FROM idempotency.idempotency_keys WHERE key = 'from-cpp'")" "t"
+# A row from another cluster (its stamp names another system) is adopted by name there, and
+# one stamped here by an earlier role of the name is absent: the same rule in both editions.
+for db in cpp back; do
+  q -d "$db" -c "UPDATE idempotency.idempotency_keys SET owner_system = 42 WHERE key = 'order-1'" \
+    -c "UPDATE idempotency.idempotency_keys SET owner_oid = 4242 WHERE key = 'from-cpp'" >/dev/null
+  expect "$db: a row stamped by another cluster answers the role of its name" \
+    "$(q -U app_a -d "$db" -c "SELECT status FROM idempotency.claim_key('order-1', idempotency.request_fingerprint('{\"amount\": 100}'::jsonb))")" "replay"
+  expect "$db: a row stamped here under another OID is absent for the role of its name" \
+    "$(q -U app_a -d "$db" -c "SELECT status FROM idempotency.claim_key('from-cpp')")" "claimed"
+done
 expect "C++ -> portable: the key answers replay as sent" \
   "$(q -U app_a -d back -c "SELECT status || ' ' || response::text || ' ' || encode(response_body, 'hex') || ' ' || response_headers::text FROM idempotency.claim_key('from-cpp')")" \
   'replay {"cpp": 1} 00ff {"X-A": "1"}'
 expect "the same fingerprint in both editions" \
   "$(q -d cpp -c "SELECT encode(idempotency.request_fingerprint('{\"b\": [1, \"x\", null, true], \"a\": 1.50}'::jsonb), 'hex')")" \
   "$(q -d shop -c "SELECT encode(idempotency.request_fingerprint('{\"a\": 1.5, \"b\": [1, \"x\", null, true]}'::jsonb), 'hex')")"
+
+# request_fingerprint(jsonb) builds its stream with a stack (it names nothing in the schema, for
+# roles without USAGE); it must hash exactly the recursive reference stream.
+expect "request_fingerprint(jsonb) hashes the reference stream (fingerprint_stream)" \
+  "$(q -d shop -c "SELECT count(*) FILTER (WHERE idempotency.request_fingerprint(v) <> sha256(idempotency.fingerprint_stream(v, true))) || ' ' || count(*) FROM (VALUES ('null'::jsonb), ('true'), ('false'), ('1.50'), ('\"x\"'), ('{}'), ('[]'), ('[[], {}, [[]]]'), ('{\"b\": [1, \"x\", null, true], \"a\": 1.50}'), ('{\"z\": {\"y\": {\"x\": [1, {\"w\": \"\u00e9\"}]}}, \"\": 0}'), ('[1, [2, [3, [4]]], {\"k\": [false, -0.0, 1e3]}]')) t(v)")" "0 11"
 
 # --- 4. cleanup by pg_cron (the block of portable/README.md) ---------------------------------
 q -d shop -c "CREATE EXTENSION pg_cron" -c "GRANT USAGE ON SCHEMA cron TO shop_owner" >/dev/null
