@@ -16,6 +16,16 @@ step() { # INDEX
   if (($1 == 0)); then cat "$here/src/base.sql"; else cat "$here/src/update-${VERSIONS[$1 - 1]}--${VERSIONS[$1]}.sql"; fi
 }
 
+# The functions of version INDEX: src/functions-W.sql of the first version W from INDEX on that
+# has one (frozen when a later version changed them), else src/functions.sql (the newest).
+functions() { # INDEX
+  local j
+  for ((j = $1; j < ${#VERSIONS[@]}; j++)); do
+    if [[ -e $here/src/functions-${VERSIONS[$j]}.sql ]]; then cat "$here/src/functions-${VERSIONS[$j]}.sql"; return; fi
+  done
+  cat "$here/src/functions.sql"
+}
+
 last=-1
 for i in "${!VERSIONS[@]}"; do [[ ${VERSIONS[$i]} == "$want" ]] && last=$i; done
 ((last >= 0)) || { echo "unknown version $want (${VERSIONS[*]})" >&2; exit 2; }
@@ -48,7 +58,7 @@ HEAD
     step "$i"
     printf '\\endif\n'
   done
-  cat "$here/src/functions.sql"
+  functions "$last"
   echo "COMMIT;"
   ;;
 pgtle)
@@ -62,12 +72,12 @@ HEAD
   printf "SELECT pgtle.install_extension('idempotency', '%s',\n  'Idempotency keys in the application''s own transaction (portable edition)',\n%s\n" \
     "${VERSIONS[0]}" "$delim"
   step 0
-  cat "$here/src/functions.sql"
+  functions 0
   printf '%s);\n' "$delim"
   for ((i = 1; i <= last; i++)); do
     printf "SELECT pgtle.install_update_path('idempotency', '%s', '%s',\n%s\n" "${VERSIONS[$i - 1]}" "${VERSIONS[$i]}" "$delim"
     step "$i"
-    cat "$here/src/functions.sql"
+    functions "$i"
     printf '%s);\n' "$delim"
   done
   printf "SELECT pgtle.set_default_version('idempotency', '%s');\n" "$want"
