@@ -99,11 +99,20 @@ expect "version 1.2.0 installs" "$?:$(q -d upd -c "SELECT version FROM idempoten
 q -U shop_owner -d upd -c "GRANT USAGE ON SCHEMA idempotency TO app_a" >/dev/null
 tok="$(q -U app_a -d upd -c "SELECT token FROM idempotency.claim_key('kept')")"
 q -U app_a -d upd -c "SELECT idempotency.complete_key('kept', '$tok', '{\"kept\": true}', 200)" >/dev/null
+# A key of a role dropped before the update (no cleanup in between): 1.2 kept no OID, so the
+# update deletes it rather than hand it to a later role of the name.
+q -c "CREATE ROLE upd_gone LOGIN" >/dev/null
+q -U shop_owner -d upd -c "GRANT USAGE ON SCHEMA idempotency TO upd_gone" >/dev/null
+q -U upd_gone -d upd -c "SELECT idempotency.claim_key('gone-key')" >/dev/null
+q -U shop_owner -d upd -c "REVOKE USAGE ON SCHEMA idempotency FROM upd_gone" >/dev/null
+q -c "DROP ROLE upd_gone" >/dev/null
 out="$(as_pg psql -X -q -v ON_ERROR_STOP=1 -U shop_owner -d upd -f "$DIR/current.sql" 2>&1)"
 expect "the current script updates it in place" "$?:$(q -d upd -c "SELECT version FROM idempotency.edition")" "0:1.3.0"
 expect "the key survives the update and replays" "$(q -U app_a -d upd -c "SELECT status || ' ' || response::text FROM idempotency.claim_key('kept')")" 'replay {"kept": true}'
 expect "the update stamped the key with its role's OID and this cluster" \
   "$(q -d upd -c "SELECT owner_oid = 'app_a'::regrole AND owner_system = (SELECT system_identifier FROM pg_control_system()) FROM idempotency.idempotency_keys WHERE key = 'kept'")" "t"
+expect "the update deleted the key of the dropped role" \
+  "$(q -d upd -c "SELECT count(*) FROM idempotency.idempotency_keys WHERE owner = 'upd_gone'")" "0"
 expect "the update brought the key counts" "$(q -d upd -c "SELECT completed FROM idempotency_monitor.key_counts")" "1"
 out="$(as_pg psql -X -q -v ON_ERROR_STOP=1 -U shop_owner -d upd -f "$DIR/current.sql" 2>&1)"
 expect "running the current script again changes nothing" "$?:$(q -d upd -c "SELECT version || ' ' || (SELECT count(*) FROM idempotency.idempotency_keys) FROM idempotency.edition")" "0:1.3.0 1"
