@@ -1,0 +1,179 @@
+#!/usr/bin/env bash
+# Suite: the HTTP packages of clients/ conform to clients/conformance/CONTRACT.md (issue #34).
+# A throw-away server on 127.0.0.1; for each package's conformance app a fresh database with
+# the contract's set-up (the extension, USAGE for the role app, the table payments owned by
+# app), and clients/conformance/conformance.py run against it: the script starts the app,
+# sends every case (inbox, two_phase, IDEM_STORE_ERRORS=1, IDEM_WAIT_MS), kills it with
+# SIGKILL mid-request and restarts it, and counts the rows. The apps:
+#   go                 clients/go/cmd/conformance-app, built offline with Debian's Go and pgx v4
+#   python-flask       clients/python/conformance_app.py flask      (Debian's python3-flask)
+#   python-fastapi     clients/python/conformance_app.py fastapi    (python3-fastapi, uvicorn)
+#   python-django      clients/python/conformance_app.py django     (python3-django)
+#   node               clients/node/conformance-app.js, after npm ci in clients/node
+# A package whose directory is absent is skipped (said so); one present without its app fails.
+# Each package's own unit tests run where the package ships them (go test, pytest, node --test).
+# One line per app, "conformance-NAME: N passed, M failed"; ends with "N passed, N failed".
+#   CONFORMANCE_CLIENTS=DIR   another clients/ directory (default: the tree's)
+#   CONFORMANCE_GO_DIR, CONFORMANCE_PYTHON_DIR, CONFORMANCE_NODE_DIR   one package's directory
+#   CONFORMANCE_ONLY="go node"   only these apps (names as above, or a prefix: python)
+#   CONFORMANCE_SEED=N        the client's seed (printed)
+set -uo pipefail
+source "$(dirname "${BASH_SOURCE[0]}")/../lib.sh"
+# node and npm may come from elsewhere (nodesource); install Debian's only when absent.
+command -v node >/dev/null || IDEM_PACKAGES+=(nodejs)
+command -v npm >/dev/null || IDEM_PACKAGES+=(npm)
+IDEM_PACKAGES+=(golang-go golang-github-jackc-pgx-v4-dev python3-psycopg python3-flask python3-fastapi
+  python3-starlette python3-uvicorn python3-django python3-pytest)
+ensure_packages
+build_and_install
+idem_scratch_init
+
+PY=/usr/bin/python3 # Debian's python, which has the framework packages (not a pyenv shim)
+CLIENTS="${CONFORMANCE_CLIENTS:-$IDEM_ROOT/clients}"
+GO_DIR="${CONFORMANCE_GO_DIR:-$CLIENTS/go}"
+PY_DIR="${CONFORMANCE_PYTHON_DIR:-$CLIENTS/python}"
+NODE_DIR="${CONFORMANCE_NODE_DIR:-$CLIENTS/node}"
+SEED="${CONFORMANCE_SEED:-20261205}"
+CLIENT="$IDEM_ROOT/clients/conformance/conformance.py"
+OUT="$IDEM_SCRATCH/conformance"
+mkdir -p "$OUT"
+chmod 755 "$OUT"
+PASSED=0 FAILED=0
+ok() { echo "ok - $1"; PASSED=$((PASSED + 1)); }
+not_ok() { echo "not ok - $1"; FAILED=$((FAILED + 1)); }
+wanted_app() { # NAME: in CONFORMANCE_ONLY (a name or a prefix), or no list given
+  [[ -z ${CONFORMANCE_ONLY:-} ]] && return 0
+  local w
+  for w in $CONFORMANCE_ONLY; do [[ $1 == "$w" || $1 == "$w"-* ]] && return 0; done
+  return 1
+}
+
+# The server: TCP on 127.0.0.1 (every driver connects the same way), and a search_path that
+# does not name the extension's schema, as users' servers have it: the packages qualify.
+PORT="$(idem_free_port 5500 5504)" || idem_die "no free port in 5500-5504"
+cluster_start "$IDEM_SCRATCH/pg" "$PORT" "listen_addresses = '127.0.0.1'" \
+  "search_path = '\"\$user\", public'" "max_connections = 300" || idem_die "could not start a server"
+q() { psql -X -qAt -v ON_ERROR_STOP=1 "$@"; }
+q -d postgres -c "CREATE ROLE app LOGIN" >/dev/null
+
+# fresh_db NAME: a new database with the contract's set-up; prints the app's DATABASE_URL.
+fresh_db() {
+  q -d postgres -c "SET client_min_messages = warning" -c "DROP DATABASE IF EXISTS $1 WITH (FORCE)" \
+    -c "CREATE DATABASE $1" >/dev/null &&
+    q -d "$1" >/dev/null <<'SQL' && echo "postgresql://app@127.0.0.1:$PORT/$1"
+CREATE EXTENSION idempotency;
+GRANT USAGE ON SCHEMA idempotency TO app;
+CREATE TABLE payments (id bigserial PRIMARY KEY, tenant text NOT NULL, amount int NOT NULL, note text);
+ALTER TABLE payments OWNER TO app;
+SQL
+}
+
+# conform NAME DIR CMD...: conformance.py against the app CMD (run in DIR) on a fresh database.
+conform() {
+  local name="$1" dir="$2" url http log line p f
+  shift 2
+  url="$(fresh_db "conf_${name//-/_}")" || { not_ok "conformance-$name: could not make its database"; return; }
+  http="$(idem_free_port $((PORT + 1)) 5509)" || { not_ok "conformance-$name: no free port in 5500-5509"; return; }
+  log="$OUT/$name.log"
+  (cd "$dir" && "$PY" "$CLIENT" --name "$name" --port "$http" --database-url "$url" --seed "$SEED" \
+    --admin-url "postgresql://postgres@127.0.0.1:$PORT/${url##*/}" --log "$OUT/$name.app.log" -- "$@") >"$log" 2>&1
+  grep -E '^(not ok|#)' "$log" | sed 's/^/    /'
+  line="$(grep -E "^conformance-$name: [0-9]+ passed, [0-9]+ failed$" "$log" | tail -1)"
+  if [[ -z $line ]]; then
+    sed 's/^/    | /' "$log" | tail -40
+    not_ok "conformance-$name: the client printed no summary (see $log)"
+    return
+  fi
+  echo "$line"
+  read -r p _ f _ <<<"${line#*: }"
+  PASSED=$((PASSED + p))
+  FAILED=$((FAILED + f))
+  if ((f > 0)); then
+    echo "    --- the app's output ($OUT/$name.app.log, last 30 lines) ---"
+    tail -30 "$OUT/$name.app.log" | sed 's/^/    | /'
+  fi
+}
+
+# unit NAME LOG RC PASSES FAILS: a package's own tests, counted by their runner's numbers.
+unit() {
+  if [[ -z $4 || -z $5 ]] || (($4 == 0 && $5 == 0)); then
+    tail -30 "$2" | sed 's/^/    | /'
+    not_ok "$1: the tests produced no results (exit $3)"
+    return
+  fi
+  echo "$1: $4 passed, $5 failed"
+  PASSED=$((PASSED + $4))
+  FAILED=$((FAILED + $5))
+  (($5 > 0)) && tail -60 "$2" | sed 's/^/    | /'
+  (($3 != 0 && $5 == 0)) && not_ok "$1: the test run exited $3"
+  return 0
+}
+
+apps=0
+# --- Go --------------------------------------------------------------------------------
+# Offline, with Debian's Go and the modules Debian ships in /usr/share/gocode (no proxy).
+go_env() { (cd "$GO_DIR" && PATH="/usr/bin:$PATH" GOPROXY=off GOFLAGS=-mod=mod GOSUMDB=off \
+  GOPATH="$OUT/gopath" GOCACHE="$OUT/gocache" "$@"); }
+if ! wanted_app go; then
+  :
+elif [[ ! -d $GO_DIR ]]; then
+  echo "# $GO_DIR is absent: no Go package to test"
+elif [[ ! -d $GO_DIR/cmd/conformance-app ]]; then
+  not_ok "conformance-go: $GO_DIR has no cmd/conformance-app"
+else
+  apps=$((apps + 1))
+  echo "# go $(go version | awk '{print $3}'): building cmd/conformance-app offline"
+  if [[ -x $GO_DIR/build-offline.sh ]]; then # the package's own recipe, if it has one
+    go_env ./build-offline.sh "$OUT/conformance-app" ./cmd/conformance-app >"$OUT/go-build.log" 2>&1
+  else
+    go_env go build -o "$OUT/conformance-app" ./cmd/conformance-app >"$OUT/go-build.log" 2>&1
+  fi
+  if (($? != 0)); then
+    sed 's/^/    | /' "$OUT/go-build.log"
+    not_ok "conformance-go: cmd/conformance-app does not build"
+  else
+    conform go "$GO_DIR" "$OUT/conformance-app"
+  fi
+fi
+
+# --- Python ----------------------------------------------------------------------------
+for fw in flask fastapi django; do
+  wanted_app "python-$fw" || continue
+  if [[ ! -d $PY_DIR ]]; then
+    [[ $fw == flask ]] && echo "# $PY_DIR is absent: no Python package to test"
+    continue
+  fi
+  if [[ ! -f $PY_DIR/conformance_app.py ]]; then
+    not_ok "conformance-python-$fw: $PY_DIR has no conformance_app.py"
+    continue
+  fi
+  apps=$((apps + 1))
+  # The package from its source tree, as `pip install ./clients/python` would give it.
+  PYTHONPATH="$PY_DIR${PYTHONPATH:+:$PYTHONPATH}" conform "python-$fw" "$PY_DIR" "$PY" "$PY_DIR/conformance_app.py" "$fw"
+done
+
+# --- Node ------------------------------------------------------------------------------
+if ! wanted_app node; then
+  :
+elif [[ ! -d $NODE_DIR ]]; then
+  echo "# $NODE_DIR is absent: no Node package to test"
+elif [[ ! -f $NODE_DIR/conformance-app.js ]]; then
+  not_ok "conformance-node: $NODE_DIR has no conformance-app.js"
+else
+  apps=$((apps + 1))
+  echo "# node $(node --version): npm ci in $NODE_DIR"
+  # A copy of the package: npm ci writes node_modules, and the tree may be read-only.
+  rm -rf "$OUT/node-pkg"
+  mkdir -p "$OUT/node-pkg"
+  (cd "$NODE_DIR" && tar --exclude=node_modules -cf - .) | (cd "$OUT/node-pkg" && tar -xf -)
+  if (cd "$OUT/node-pkg" && npm ci --no-audit --no-fund) >"$OUT/npm-ci.log" 2>&1; then
+    conform node "$OUT/node-pkg" node "$OUT/node-pkg/conformance-app.js"
+  else
+    sed 's/^/    | /' "$OUT/npm-ci.log" | tail -30
+    not_ok "conformance-node: npm ci failed"
+  fi
+fi
+
+((apps > 0)) || not_ok "no conformance app found under $CLIENTS (go, python, node)"
+echo "${PASSED} passed, ${FAILED} failed"
+((FAILED == 0))
