@@ -52,7 +52,7 @@ wanted_app() { # NAME: in CONFORMANCE_ONLY (a name or a prefix), or no list give
 # does not name the extension's schema, as users' servers have it: the packages qualify.
 PORT="$(idem_free_port 5500 5504)" || idem_die "no free port in 5500-5504"
 cluster_start "$IDEM_SCRATCH/pg" "$PORT" "listen_addresses = '127.0.0.1'" \
-  "search_path = '\"\$user\", public'" "max_connections = 300" || idem_die "could not start a server"
+  "search_path = '\"\$user\", public'" "max_connections = 300" "track_commit_timestamp = on" || idem_die "could not start a server"
 q() { psql -X -qAt -v ON_ERROR_STOP=1 "$@"; }
 q -d postgres -c "CREATE ROLE app LOGIN" >/dev/null
 
@@ -111,23 +111,20 @@ unit() {
 
 apps=0
 # --- Go --------------------------------------------------------------------------------
-# Offline, with Debian's Go and the modules Debian ships in /usr/share/gocode (no proxy).
-go_env() { (cd "$GO_DIR" && PATH="/usr/bin:$PATH" GOPROXY=off GOFLAGS=-mod=mod GOSUMDB=off \
-  GOPATH="$OUT/gopath" GOCACHE="$OUT/gocache" "$@"); }
+# Offline, with Debian's Go and the modules Debian ships in /usr/share/gocode (no module proxy):
+# the package's offline.sh (GOPATH mode over Debian's packages).
+go_offline() { (cd "$GO_DIR" && PATH="/usr/bin:$PATH" IDEM_GOPATH="$OUT/gopath" GOCACHE="$OUT/gocache" \
+  sh ./offline.sh "$@"); }
 if ! wanted_app go; then
   :
 elif [[ ! -d $GO_DIR ]]; then
   echo "# $GO_DIR is absent: no Go package to test"
-elif [[ ! -d $GO_DIR/cmd/conformance-app ]]; then
-  not_ok "conformance-go: $GO_DIR has no cmd/conformance-app"
+elif [[ ! -d $GO_DIR/cmd/conformance-app || ! -f $GO_DIR/offline.sh ]]; then
+  not_ok "conformance-go: $GO_DIR has no cmd/conformance-app or no offline.sh"
 else
   apps=$((apps + 1))
-  echo "# go $(go version | awk '{print $3}'): building cmd/conformance-app offline"
-  if [[ -x $GO_DIR/build-offline.sh ]]; then # the package's own recipe, if it has one
-    go_env ./build-offline.sh "$OUT/conformance-app" ./cmd/conformance-app >"$OUT/go-build.log" 2>&1
-  else
-    go_env go build -o "$OUT/conformance-app" ./cmd/conformance-app >"$OUT/go-build.log" 2>&1
-  fi
+  echo "# go $(go version | awk '{print $3}'): building cmd/conformance-app offline (offline.sh)"
+  go_offline go build -o "$OUT/conformance-app" ./cmd/conformance-app >"$OUT/go-build.log" 2>&1
   if (($? != 0)); then
     sed 's/^/    | /' "$OUT/go-build.log"
     not_ok "conformance-go: cmd/conformance-app does not build"
