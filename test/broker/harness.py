@@ -43,7 +43,6 @@ import time
 import pika
 import psycopg
 
-DRAIN_DEADLINE = 600  # seconds per mode: a run that has not drained by then failed (a bound, not a verdict)
 
 
 class Run:
@@ -85,6 +84,10 @@ class Run:
                 self.amqp = None
                 time.sleep(0.5)
         raise RuntimeError("cannot ask RabbitMQ for the depth of %s" % queue)
+
+    def consumers_registered(self, queue):
+        self.connect_amqp()
+        return self.channel.queue_declare(queue, passive=True).method.consumer_count
 
     def declare(self, queue):
         self.connect_amqp()
@@ -189,11 +192,11 @@ class Run:
         restart_at = a.messages // 2 if (a.pg_restart_cmd and mode == a.pg_restart_mode) else None
         procs, n_started = {}, 0
         graceful_bad, finishing = [], False
-        deadline = time.monotonic() + DRAIN_DEADLINE
+        deadline = time.monotonic() + a.deadline
         while True:
             if time.monotonic() > deadline:
                 self.check("%s: drained within %d s (it did not: a consumer stuck, or messages lost)"
-                           % (mode, DRAIN_DEADLINE), False)
+                           % (mode, a.deadline), False)
                 for p in procs.values():
                     self.stop(p, signal.SIGKILL)
                     p.wait()
@@ -234,7 +237,7 @@ class Run:
                 print("# SIGKILL %s at %d effects" % (victim, done), flush=True)
             if restart_at is not None and done >= restart_at:
                 restart_at = None
-                print("# restarting PostgreSQL at %d effects: %s" % (done, a.pg_restart_cmd), flush=True)
+                print("# restarting PostgreSQL (--pg-restart-cmd) at %d effects" % done, flush=True)
                 # The statistics start again with the server: what was counted until now is kept.
                 answers_before -= self.claim_answers()
                 rc = subprocess.call(a.pg_restart_cmd, shell=True)
@@ -252,6 +255,13 @@ class Run:
             if not finishing and done == len(bodies) and self.queue_depth(queue) == 0 \
                     and self.queue_depth(dlq) >= want_dead:
                 finishing = True
+                # Each consumer is consuming (registered with the broker, so past its start-up)
+                # before it is asked to stop: a process killed by SIGTERM before it could install
+                # its handler says nothing about its graceful stop.
+                for _ in range(600):
+                    if self.consumers_registered(queue) >= len([p for p in procs.values() if p.poll() is None]):
+                        break
+                    time.sleep(0.05)
                 for p in procs.values():
                     self.stop(p, signal.SIGTERM)
                 stop_deadline = time.monotonic() + 30
@@ -278,7 +288,8 @@ class Run:
         self.figures["deliveries"] += deliveries
         self.figures["dead_lettered"] += len(dead)
         mismatched_ids = sum(1 for b in bodies.values() if len(b) > 1)
-        print("# %s: %d messages, %d publications (%d ids with a mismatch), %d deliveries (claim answers), "
+        print("# %s: %d messages, %d publications (%d ids with a mismatch), %d deliveries (claim answers counted by "
+              "the statistics; a lower bound across a server crash), "
               "%d consumer starts" % (mode, len(bodies), len(publications), mismatched_ids, deliveries, n_started),
               flush=True)
         self.check("%s: 0 double effects (%d)" % (mode, len(double)), not double, sorted(double.items())[:10])
@@ -329,6 +340,8 @@ def main():
     p.add_argument("--pg-restart-cmd", default="")
     p.add_argument("--pg-restart-mode", default="batch")
     p.add_argument("--log-dir", default=".")
+    p.add_argument("--deadline", type=int, default=600,
+                   help="seconds per mode to drain the queue: a bound that fails a stuck run, not a verdict on speed")
     p.add_argument("command", nargs="+")
     args = p.parse_args()
     print("# broker-%s: seed %d (--seed to repeat)" % (args.lang, args.seed), flush=True)

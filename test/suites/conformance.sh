@@ -23,7 +23,7 @@ source "$(dirname "${BASH_SOURCE[0]}")/../lib.sh"
 command -v node >/dev/null || IDEM_PACKAGES+=(nodejs)
 command -v npm >/dev/null || IDEM_PACKAGES+=(npm)
 IDEM_PACKAGES+=(golang-go golang-github-jackc-pgx-v4-dev python3-psycopg python3-flask python3-fastapi
-  python3-starlette python3-uvicorn python3-django python3-pytest)
+  python3-starlette python3-uvicorn python3-django curl)
 ensure_packages
 build_and_install
 idem_scratch_init
@@ -168,6 +168,48 @@ else
   else
     sed 's/^/    | /' "$OUT/npm-ci.log" | tail -30
     not_ok "conformance-node: npm ci failed"
+  fi
+fi
+
+# --- README.md's quick start, as printed ------------------------------------------------
+# The sh block holding "flask --app quickstart" runs from a copy of the top directory holding
+# the README's quickstart.py and clients/python, on a fresh database app owned by app, with this
+# server's port and a free one for 5000 (the packages it installs are the suite's). It prints
+# the output block after it, and made one payment. Then the flask server is stopped.
+if wanted_app readme && [[ -d $PY_DIR ]]; then
+  MDB=(/usr/bin/python3 "$IDEM_ROOT/test/docs/mdblocks.py")
+  qs="$OUT/quickstart"
+  rm -rf "$qs" && mkdir -p "$qs/clients"
+  ln -s "$PY_DIR" "$qs/clients/python"
+  "${MDB[@]}" block "$IDEM_ROOT/README.md" "FlaskIdempotency" >"$qs/quickstart.py"
+  qs_port="$(idem_free_port $((PORT + 1)) 5509)" || idem_die "no free port in 5500-5509"
+  # The whole sh block, but its apt-get line; 5000 is a free port here.
+  "${MDB[@]}" block "$IDEM_ROOT/README.md" "flask --app quickstart" | grep -v '^apt-get ' |
+    sed "s/5000/$qs_port/g" >"$qs/block.sh"
+  q -d postgres -c "SET client_min_messages = warning" -c "DROP DATABASE IF EXISTS app WITH (FORCE)" \
+    -c "CREATE DATABASE app OWNER app" >/dev/null
+  q -d app -c "CREATE EXTENSION idempotency" -c "GRANT USAGE ON SCHEMA idempotency TO app" >/dev/null
+  echo "# README.md quick start: $(grep -c . "$qs/block.sh") lines of its sh block, flask on 127.0.0.1:$qs_port"
+  (cd "$qs" && exec env -u PGHOST -u PGUSER -u PGDATABASE PGPORT="$PORT" PATH="/usr/bin:$PATH" \
+    setsid bash -e block.sh) >"$qs/out.txt" 2>"$qs/err.txt" &
+  qs_pid=$!
+  wait "$qs_pid"
+  qs_rc=$?
+  kill -TERM -- "-$qs_pid" 2>/dev/null # the flask server the block left running
+  if ((qs_rc == 0)) && diff -u <("${MDB[@]}" output "$IDEM_ROOT/README.md" "flask --app quickstart" | sed 's/ *$//') \
+    <(sed 's/ *$//' "$qs/out.txt") >"$qs/diff.txt"; then
+    echo "ok - README.md quick start: runs as printed and prints what the README shows"
+    PASSED=$((PASSED + 1))
+  else
+    sed 's/^/    | /' "$qs/diff.txt" "$qs/err.txt" | tail -30
+    not_ok "README.md quick start (exit $qs_rc): its output differs from the README's"
+  fi
+  n="$(q -d app -c "SELECT count(*) FROM payments" 2>/dev/null)"
+  if [[ $n == 1 ]]; then
+    echo "ok - README.md quick start: one payment for the three requests"
+    PASSED=$((PASSED + 1))
+  else
+    not_ok "README.md quick start: $n payments (want 1)"
   fi
 fi
 
