@@ -30,6 +30,7 @@ ensure_packages
 build_and_install
 idem_scratch_init
 # Stop the broker whatever happens (test/lib.sh's EXIT trap stops the servers and the rest).
+# shellcheck disable=SC2154  # broker_rc is assigned by the trap itself
 trap 'broker_rc=$?; rabbit_stop; (exit $broker_rc); idem_on_exit' EXIT
 
 PY=/usr/bin/python3
@@ -92,6 +93,8 @@ ALTER TABLE broker_effects OWNER TO app;
 SQL
 }
 
+# More harness options (bench/broker_soak.sh), split on spaces: --crash-kills 10 ...
+read -r -a extra_args <<<"${BROKER_HARNESS_ARGS:-}"
 # consume LANG DIR CMD...: the harness against the consumer CMD (run in DIR).
 consume() {
   local lang="$1" dir="$2" db="broker_$1" log line p f
@@ -101,7 +104,7 @@ consume() {
   (cd "$dir" && "${HARNESS[@]}" --lang "$lang" --amqp-url "$AMQP_URL" --seed "$SEED" --messages "$MESSAGES" \
     --database-url "postgresql://app@127.0.0.1:$PGPORT_B/$db" \
     --admin-url "postgresql://postgres@127.0.0.1:$PGPORT_B/$db" \
-    --pg-restart-cmd "$PG_RESTART" --log-dir "$OUT" ${BROKER_HARNESS_ARGS:-} -- "$@") >"$log" 2>&1
+    --pg-restart-cmd "$PG_RESTART" --log-dir "$OUT" "${extra_args[@]}" -- "$@") >"$log" 2>&1
   grep -E '^(not ok|#)' "$log" | sed 's/^/    /'
   line="$(grep -E "^broker-$lang: [0-9]+ passed, [0-9]+ failed$" "$log" | tail -1)"
   if [[ -z $line ]]; then

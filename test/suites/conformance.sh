@@ -124,12 +124,11 @@ elif [[ ! -d $GO_DIR/cmd/conformance-app || ! -f $GO_DIR/offline.sh ]]; then
 else
   apps=$((apps + 1))
   echo "# go $(go version | awk '{print $3}'): building cmd/conformance-app offline (offline.sh)"
-  go_offline go build -o "$OUT/conformance-app" ./cmd/conformance-app >"$OUT/go-build.log" 2>&1
-  if (($? != 0)); then
+  if go_offline go build -o "$OUT/conformance-app" ./cmd/conformance-app >"$OUT/go-build.log" 2>&1; then
+    conform go "$GO_DIR" "$OUT/conformance-app"
+  else
     sed 's/^/    | /' "$OUT/go-build.log"
     not_ok "conformance-go: cmd/conformance-app does not build"
-  else
-    conform go "$GO_DIR" "$OUT/conformance-app"
   fi
 fi
 
