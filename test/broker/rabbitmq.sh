@@ -4,9 +4,11 @@
 #
 #   rabbit_start DIR AMQP_PORT   start a node whose every file lies in DIR (its mnesia, logs,
 #                                config, Erlang cookie), listening for AMQP on 127.0.0.1:AMQP_PORT,
-#                                its Erlang distribution on AMQP_PORT+1 and its own epmd on
+#                                its Erlang distribution on AMQP_PORT+1, its own epmd on
 #                                AMQP_PORT+2 (never the shared epmd on 4369: a second run, or
-#                                another user's node, cannot clash); waits until it serves AMQP
+#                                another user's node, cannot clash), rabbitmqctl's own
+#                                distribution on AMQP_PORT+3 or +4, all on 127.0.0.1; waits until
+#                                it serves AMQP
 #   rabbit_stop                  stop it and its epmd (the EXIT trap of test/lib.sh calls it too)
 #   rabbit_ctl ARGS...           rabbitmqctl against it
 #
@@ -28,6 +30,8 @@ rabbit_env() {
     RABBITMQ_ENABLED_PLUGINS_FILE="$dir/enabled_plugins" RABBITMQ_ENABLED_PLUGINS="" \
     RABBITMQ_PID_FILE="$dir/rabbit.pid" RABBITMQ_LOGS="$dir/log/node.log" \
     RABBITMQ_SERVER_ADDITIONAL_ERL_ARGS="-kernel inet_dist_use_interface {127,0,0,1}" \
+    RABBITMQ_CTL_ERL_ARGS="-kernel inet_dist_use_interface {127,0,0,1}" \
+    RABBITMQ_CTL_DIST_PORT_MIN="$((port + 3))" RABBITMQ_CTL_DIST_PORT_MAX="$((port + 4))" \
     "$@"
 }
 

@@ -64,13 +64,15 @@ q -d postgres -c "CREATE ROLE app LOGIN" >/dev/null
 PG_RESTART="runuser -u postgres -- env PATH='$PATH' pg_ctl -D '$PGDIR/data' -l '$PGDIR/server.log' -m immediate -w -t 60 restart >/dev/null"
 idem_is_root || PG_RESTART="pg_ctl -D '$PGDIR/data' -l '$PGDIR/server.log' -m immediate -w -t 60 restart >/dev/null"
 
-# RabbitMQ: AMQP on a free port p of 5514-5517 whose p+1 (distribution) and p+2 (epmd) are free.
+# RabbitMQ: AMQP on a free port p of 5514-5515 whose p+1 (distribution), p+2 (epmd), p+3 and
+# p+4 (rabbitmqctl's distribution) are free.
 AMQP_PORT=""
-for p in 5514 5515 5516 5517; do
+for p in 5514 5515; do
   idem_free_port "$p" "$p" >/dev/null && idem_free_port $((p + 1)) $((p + 1)) >/dev/null &&
-    idem_free_port $((p + 2)) $((p + 2)) >/dev/null && AMQP_PORT=$p && break
+    idem_free_port $((p + 2)) $((p + 2)) >/dev/null && idem_free_port $((p + 3)) $((p + 4)) >/dev/null &&
+    AMQP_PORT=$p && break
 done
-[[ -n $AMQP_PORT ]] || idem_die "no three free ports in 5514-5519 for RabbitMQ"
+[[ -n $AMQP_PORT ]] || idem_die "no free ports in 5514-5519 for RabbitMQ"
 echo "# rabbitmq-server $(dpkg-query -W -f='${Version}' rabbitmq-server): AMQP on 127.0.0.1:$AMQP_PORT"
 if ! rabbit_start "$IDEM_SCRATCH/rabbitmq" "$AMQP_PORT"; then
   not_ok "RabbitMQ did not start (its log: $IDEM_SCRATCH/rabbitmq/log)"
@@ -132,7 +134,7 @@ if wanted_lang go; then
     not_ok "broker-go: $GO_DIR has no cmd/conformance-consumer or no offline.sh"
   else
     langs=$((langs + 1))
-    if (cd "$GO_DIR" && PATH="/usr/bin:$PATH" IDEM_GOPATH="$OUT/gopath" GOCACHE="$OUT/gocache" \
+    if (cd "$GO_DIR" && PATH="/usr/bin:$PATH" IDEM_GOPATH="$OUT/gopath" \
       sh ./offline.sh go build -o "$OUT/conformance-consumer" ./cmd/conformance-consumer) >"$OUT/go-build.log" 2>&1; then
       consume go "$GO_DIR" "$OUT/conformance-consumer"
     else
