@@ -11,7 +11,8 @@
 #   python-django      clients/python/conformance_app.py django     (python3-django)
 #   node               clients/node/conformance-app.js, after npm ci in clients/node
 # A package whose directory is absent is skipped (said so); one present without its app fails.
-# Each package's own unit tests run where the package ships them (go test, pytest, node --test).
+# The packages' own unit tests are the client_go, client_python and client_node suites'.
+# Then README.md's quick start runs as printed (the sh block that starts quickstart.py).
 # One line per app, "conformance-NAME: N passed, M failed"; ends with "N passed, N failed".
 #   CONFORMANCE_CLIENTS=DIR   another clients/ directory (default: the tree's)
 #   CONFORMANCE_GO_DIR, CONFORMANCE_PYTHON_DIR, CONFORMANCE_NODE_DIR   one package's directory
@@ -94,27 +95,11 @@ conform() {
   fi
 }
 
-# unit NAME LOG RC PASSES FAILS: a package's own tests, counted by their runner's numbers.
-unit() {
-  if [[ -z $4 || -z $5 ]] || (($4 == 0 && $5 == 0)); then
-    tail -30 "$2" | sed 's/^/    | /'
-    not_ok "$1: the tests produced no results (exit $3)"
-    return
-  fi
-  echo "$1: $4 passed, $5 failed"
-  PASSED=$((PASSED + $4))
-  FAILED=$((FAILED + $5))
-  (($5 > 0)) && tail -60 "$2" | sed 's/^/    | /'
-  (($3 != 0 && $5 == 0)) && not_ok "$1: the test run exited $3"
-  return 0
-}
-
 apps=0
 # --- Go --------------------------------------------------------------------------------
 # Offline, with Debian's Go and the modules Debian ships in /usr/share/gocode (no module proxy):
 # the package's offline.sh (GOPATH mode over Debian's packages).
-go_offline() { (cd "$GO_DIR" && PATH="/usr/bin:$PATH" IDEM_GOPATH="$OUT/gopath" GOCACHE="$OUT/gocache" \
-  sh ./offline.sh "$@"); }
+go_offline() { (cd "$GO_DIR" && PATH="/usr/bin:$PATH" IDEM_GOPATH="$OUT/gopath" sh ./offline.sh "$@"); }
 if ! wanted_app go; then
   :
 elif [[ ! -d $GO_DIR ]]; then
