@@ -66,6 +66,13 @@ idem_is_root || PG_RESTART="pg_ctl -D '$PGDIR/data' -l '$PGDIR/server.log' -m im
 
 # RabbitMQ: AMQP on a free port p of 5514-5515 whose p+1 (distribution), p+2 (epmd), p+3 and
 # p+4 (rabbitmqctl's distribution) are free.
+# An epmd of this suite left by a run killed with -9 (no node registered with it any more)
+# would hold the range: stopped.
+for p in 5516 5517; do
+  names="$(epmd -port "$p" -names 2>/dev/null)" || continue
+  grep -q '^epmd: up and running' <<<"$names" && ! grep -q '^name ' <<<"$names" &&
+    epmd -port "$p" -kill >/dev/null 2>&1
+done
 AMQP_PORT=""
 for p in 5514 5515; do
   idem_free_port "$p" "$p" >/dev/null && idem_free_port $((p + 1)) $((p + 1)) >/dev/null &&
