@@ -202,7 +202,9 @@ bool delete_orphans(const Request& request, Oid table, TimestampTz started, Thro
   if (!stats::orphan_pass_due(database, table, generation, request.requester != 0)) return true;
   stats::OrphanPass pass = stats::orphan_pass_progress(database);
   if (!request.resume || pass.generation == 0 || pass.table != table) {
+    const bool again = pass.again;  // kept until a read to the end skips nothing
     pass = {generation, table, InvalidOid, 0, false};
+    pass.again = again;
   } else if (pass.generation != generation) {
     // Another change since the pass started: it goes on from here, and round to here again.
     pass.generation = generation;
@@ -228,9 +230,12 @@ bool delete_orphans(const Request& request, Oid table, TimestampTz started, Thro
     stats::count(stats::kExpiredDeleted, deleted);
     if (complete && pass.skipped_locked) {
       // Keys of no role were locked by another transaction and skipped: the pass is due
-      // again, from the start, in the next round or call (a pass marked done would leave
-      // them until the next role change).
-      stats::save_orphan_pass_progress(database, {generation, table, InvalidOid, 0, false});
+      // again, from the start, in the next round or call, whatever the role generation does
+      // (a pass marked done would leave them until the next role change, and the change that
+      // made them may never move the generation).
+      stats::OrphanPass again{generation, table, InvalidOid, 0, false};
+      again.again = true;
+      stats::save_orphan_pass_progress(database, again);
       return true;
     }
     if (complete) {

@@ -134,7 +134,7 @@ bool orphan_pass_due(Oid database, Oid table, uint64 generation, bool pending_co
   if (slot == nullptr) return true;  // no slot to remember a pass in: always
   SpinLockAcquire(&shared->mutex);
   bool due = slot->orphans_done_generation != generation || slot->orphans_done_table != table ||
-             (pending_counts && cleanup_shared::role_change_pending());
+             slot->orphan_pass.again || (pending_counts && cleanup_shared::role_change_pending());
   SpinLockRelease(&shared->mutex);
   return due;
 }
