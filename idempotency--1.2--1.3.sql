@@ -17,8 +17,15 @@
 -- "Keys and role names"). A row stamped in another cluster (dump and restore, pg_upgrade,
 -- logical replication, a Citus shard moved to another node), or not stamped, is adopted by
 -- name, as pg_dump matches the owners of objects.
-ALTER TABLE @extschema@.idempotency_keys ADD COLUMN owner_oid pg_catalog.oid;
-ALTER TABLE @extschema@.idempotency_keys ADD COLUMN owner_system pg_catalog.int8;
+-- One statement each, run by EXECUTE, IF NOT EXISTS: Citus passes a DDL statement on to the
+-- shards as its own text, and to the shell table of each worker, which then runs this script for
+-- its own objects and finds the columns there (as 1.2's response columns).
+DO $$
+BEGIN
+  EXECUTE 'ALTER TABLE @extschema@.idempotency_keys ADD COLUMN IF NOT EXISTS owner_oid pg_catalog.oid';
+  EXECUTE 'ALTER TABLE @extschema@.idempotency_keys ADD COLUMN IF NOT EXISTS owner_system pg_catalog.int8';
+END
+$$;
 
 COMMENT ON COLUMN @extschema@.idempotency_keys.owner IS
   'Name of the role that claimed the key (current_user at the call) and part of its identity: '
