@@ -55,6 +55,24 @@ TimestampTz checkpoint(Session& store, const KeyName& name, const pg_uuid_t& tok
                        const Caller& caller, text* recovery_point, std::optional<Interval> lease,
                        TimestampTz now);
 
+// What claim() would answer now for `name` (look_key, SPEC section 3.5), deciding nothing:
+// no claim, no write, no lock kept, no wait. A key a claim would take (none, expired, of an
+// earlier role of the caller's name) answers `claimed`, one whose lease ended or that was
+// released `reclaimed`, both without a token (nothing was claimed); a key another open
+// transaction writes answers in_progress at once. `table` is the installation's (the key lock's
+// identity on the executor path).
+ClaimResult look(Session& store, const KeyName& name, const bytea* fingerprint,
+                 const Caller& caller, Oid table, TimestampTz now);
+
+// Deletes the caller's own key `name` (forget_key, SPEC section 3.5): a completed, released or
+// expired key, or one whose lease ended; a key held by a live claim only with `token`, its
+// holder's. A token given must be the key's (the holder's, or the one that completed it):
+// else 55000, so a handler never forgets a key someone else has claimed since. A key that
+// another open transaction writes is refused (55000), never waited for. false: no such key for
+// the caller (none, or another role's).
+bool forget(Session& store, const KeyName& name, const std::optional<pg_uuid_t>& token,
+            const Caller& caller, Oid table, TimestampTz now);
+
 // Runs `work(store, installation)` on the installation of the calling function, as its owner
 // (caller.hpp).
 template <typename Work>

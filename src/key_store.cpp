@@ -49,6 +49,8 @@ std::string stamp(const std::string& oid, const std::string& system) {
 enum PlanId {
   kFind,
   kLock,
+  kLook,
+  kDelete,
   kInsert,
   kRestart,
   kReclaim,
@@ -139,6 +141,13 @@ PlanSpec spec_of(PlanId id, const std::string& table) {
       return {select, key_types};
     case kLock:
       return {select + " FOR UPDATE SKIP LOCKED", key_types};
+    case kLook:
+      // The row's xmax tells a transaction that writes or has locked it (Session::look).
+      return {std::string("SELECT ") + columns + ", xmax FROM " + table + " WHERE " + kWhereKey +
+                  kAndOwner3,
+              key_types};
+    case kDelete:
+      return {"DELETE FROM " + table + " WHERE " + kWhereKey + kAndOwner3, key_types};
     case kInsert:
     case kRestart:
     case kReclaim:
@@ -210,11 +219,14 @@ uint64 run(PlanId id, Datum* values, const char* nulls, bool read_only, long lim
   return SPI_processed;
 }
 
-// Copies row `index` of the last SPI result into `context`.
-KeyRow decode(uint64 index, MemoryContext context) {
+// Copies row `index` of the last SPI result into `context`. `xmax`: the statement (kLook)
+// selects the row's xmax after its columns, stored there.
+KeyRow decode(uint64 index, MemoryContext context, TransactionId* xmax = nullptr) {
   HeapTuple tuple = SPI_tuptable->vals[index];
   TupleDesc desc = SPI_tuptable->tupdesc;
-  bool shaped = desc->natts == kRowColumnCount;
+  const int extra = xmax != nullptr ? 1 : 0;
+  bool shaped = desc->natts == kRowColumnCount + extra &&
+                (extra == 0 || TupleDescAttr(desc, kRowColumnCount)->atttypid == XIDOID);
   for (int number = kRowStatus; shaped && number <= kRowColumnCount; ++number)
     shaped = TupleDescAttr(desc, number - 1)->atttypid == row_column_type(number);
   if (!shaped)
@@ -225,6 +237,10 @@ KeyRow decode(uint64 index, MemoryContext context) {
     return SPI_getbinval(tuple, desc, number, is_null);  // pg: a column of the checked shape
   };
   bool is_null = false;
+  if (xmax != nullptr) {
+    const Datum raw = column(kRowColumnCount + 1, &is_null);
+    *xmax = is_null ? InvalidTransactionId : DatumGetTransactionId(raw);
+  }
   return decode_columns(column, DatumGetBool(column(1, &is_null)), context);
 }
 
@@ -359,6 +375,50 @@ std::optional<KeyRow> Session::lock(text* owner, text* scope, text* key) {
   Datum values[] = {PointerGetDatum(scope), PointerGetDatum(key), PointerGetDatum(owner)};
   if (execute(kLock, values, nullptr, false, 1) == 0) return std::nullopt;
   return decode(0, caller_context_);
+}
+
+Session::Look Session::look(text* owner, text* scope, text* key,
+                            const key_lock::KeyIdentity& identity) {
+  Look result;
+  if (route::direct_path() && ActiveSnapshotSet()) {
+    result.held_by_open_transaction =
+        key_heap::written_by_open_transaction(open_table_, owner, scope, key);
+    result.row = key_heap::find(open_table_, owner, scope, key, caller_context_, true);
+    return result;
+  }
+  Datum values[] = {PointerGetDatum(scope), PointerGetDatum(key), PointerGetDatum(owner)};
+  // A new snapshot at READ COMMITTED (as peek() after waiting), the transaction's own in a
+  // snapshot transaction.
+  if (execute(kLook, values, nullptr, false, 1) > 0) {
+    TransactionId xmax = InvalidTransactionId;
+    result.row = decode(0, caller_context_, &xmax);
+    // An xmax of a transaction still open (not ours): it updates, deletes or has locked the
+    // row (a take-over, a completion, a release, forget_key). The table's rows are locked only
+    // by FOR UPDATE of one transaction at a time, never shared, so xmax is a transaction id,
+    // not a multixact.
+    result.held_by_open_transaction = pg_call([&] {
+      return TransactionIdIsNormal(xmax) && !TransactionIdIsCurrentTransactionId(xmax) &&
+             TransactionIdIsInProgress(xmax);
+    });
+    return result;
+  }
+  // No row visible: an executor-path claim of another open transaction holds the key lock.
+  switch (key_lock::try_lock(identity)) {
+    case key_lock::Outcome::kBusy:
+      result.held_by_open_transaction = true;
+      break;
+    case key_lock::Outcome::kAcquired:
+      key_lock::unlock(identity);
+      break;
+    case key_lock::Outcome::kAlreadyHeld:
+      break;
+  }
+  return result;
+}
+
+bool Session::remove(text* owner, text* scope, text* key) {
+  Datum values[] = {PointerGetDatum(scope), PointerGetDatum(key), PointerGetDatum(owner)};
+  return execute(kDelete, values, nullptr, false, 0) == 1;
 }
 
 namespace {

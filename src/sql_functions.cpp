@@ -1,4 +1,5 @@
-// The single-key SQL functions: claim_key, complete_key, release_key, checkpoint_key. Each
+// The single-key SQL functions: claim_key, complete_key, release_key, checkpoint_key, and from
+// 1.3 look_key and forget_key. Each
 // reads and checks its arguments (arguments.hpp, responses.hpp), runs one step of the claim
 // protocol as the installation's owner (claim_protocol.hpp), and returns its answer.
 #include "claim_protocol.hpp"
@@ -80,6 +81,31 @@ Datum sql_checkpoint_key(FunctionCallInfo fcinfo) {
   PG_RETURN_TIMESTAMPTZ(locked_until);
 }
 
+// look_key(key, fingerprint, scope): what claim_key would answer now, deciding nothing.
+Datum sql_look_key(FunctionCallInfo fcinfo) {
+  const Caller caller = calling("look_key");
+  const KeyName name = key_arguments(fcinfo, 0, 2);
+  const bytea* fingerprint = PG_ARGISNULL(1) ? nullptr : fingerprint_value(PG_GETARG_DATUM(1));
+  const TimestampTz now = GetCurrentTimestamp();
+  const ClaimResult result = as_owner(fcinfo, [&](Session& store, const caller::Installation& at) {
+    return claim_protocol::look(store, name, fingerprint, caller, at.table, now);
+  });
+  return claim_result::as_datum(fcinfo, result);
+}
+
+// forget_key(key, token, scope): deletes the caller's own key; false when there is none.
+Datum sql_forget_key(FunctionCallInfo fcinfo) {
+  const Caller caller = calling("forget_key");
+  const KeyName name = key_arguments(fcinfo, 0, 2);
+  std::optional<pg_uuid_t> token;
+  if (!PG_ARGISNULL(1)) token = token_argument(fcinfo, 1);
+  const TimestampTz now = GetCurrentTimestamp();
+  const bool forgotten = as_owner(fcinfo, [&](Session& store, const caller::Installation& at) {
+    return claim_protocol::forget(store, name, token, caller, at.table, now);
+  });
+  PG_RETURN_BOOL(forgotten);
+}
+
 }  // namespace
 }  // namespace idem::sql_functions
 
@@ -87,3 +113,5 @@ IDEM_SQL_FUNCTION(claim_key, idem::sql_functions::sql_claim_key)
 IDEM_SQL_FUNCTION(complete_key, idem::sql_functions::sql_complete_key)
 IDEM_SQL_FUNCTION(release_key, idem::sql_functions::sql_release_key)
 IDEM_SQL_FUNCTION(checkpoint_key, idem::sql_functions::sql_checkpoint_key)
+IDEM_SQL_FUNCTION(look_key, idem::sql_functions::sql_look_key)
+IDEM_SQL_FUNCTION(forget_key, idem::sql_functions::sql_forget_key)
