@@ -177,3 +177,55 @@ END
 $revoke$;
 GRANT EXECUTE ON FUNCTION @extschema@.idempotency_stats_rows() TO pg_monitor;
 GRANT SELECT ON idempotency_monitor.idempotency_stats TO pg_monitor;
+
+-- Stuck holders: per role and scope of this database, the claims in progress and the claims
+-- whose lease ended with no one taking the key over (a handler that died, or hangs past its
+-- lease). Counts and ages only: no key, no response, no token. Monitoring data, like
+-- pg_stat_activity's: superusers and members of pg_monitor (through idempotency_monitor). It
+-- reads the whole key table (a sequential scan): a query for an operator, not for a probe that
+-- runs every second on a large table.
+CREATE VIEW @extschema@.stuck_holders AS
+  SELECT pg_catalog.current_database() AS datname,
+         k.owner AS role,
+         k.scope,
+         pg_catalog.count(*) FILTER (WHERE k.locked_until OPERATOR(pg_catalog.>) pg_catalog.now())
+           AS processing,
+         pg_catalog.now() OPERATOR(pg_catalog.-) pg_catalog.min(k.created_at) AS oldest_claim_age,
+         pg_catalog.count(*) FILTER (WHERE k.locked_until OPERATOR(pg_catalog.<=) pg_catalog.now())
+           AS leases_ended
+    FROM @extschema@.idempotency_keys k
+   WHERE k.status OPERATOR(pg_catalog.=) 'processing'
+     AND k.lease_token IS NOT NULL
+     AND k.expires_at OPERATOR(pg_catalog.>) pg_catalog.now()
+   GROUP BY k.owner, k.scope;
+COMMENT ON VIEW @extschema@.stuck_holders IS
+  'Claims held now, per role (the key''s owner name) and scope of this database: processing '
+  '(live leases), oldest_claim_age (since the oldest of these claims was first made) and '
+  'leases_ended (leases that ended with no one taking the key over: a crashed or hung '
+  'handler; the next claim_key reclaims them). Released and expired keys are not counted. No '
+  'key values, responses or tokens. Reads the whole key table. For superusers; monitoring '
+  'roles read idempotency_monitor.stuck_holders.';
+CREATE VIEW idempotency_monitor.stuck_holders AS
+  SELECT * FROM @extschema@.stuck_holders;
+COMMENT ON VIEW idempotency_monitor.stuck_holders IS
+  'idempotency.stuck_holders for monitoring roles (members of pg_monitor).';
+DO $revoke$
+DECLARE
+  item record;
+BEGIN
+  FOR item IN
+    SELECT c.oid::pg_catalog.regclass::pg_catalog.text AS name, a.grantee
+      FROM pg_catalog.pg_class c, pg_catalog.aclexplode(c.relacl) a
+     WHERE c.oid OPERATOR(pg_catalog.=) ANY (ARRAY['@extschema@.stuck_holders'::pg_catalog.regclass,
+             'idempotency_monitor.stuck_holders'::pg_catalog.regclass]::pg_catalog.oid[])
+       AND a.grantee OPERATOR(pg_catalog.<>) c.relowner
+  LOOP
+    EXECUTE pg_catalog.format('REVOKE ALL ON TABLE %s FROM %s', item.name,
+      CASE WHEN item.grantee OPERATOR(pg_catalog.=) 0 THEN 'PUBLIC'
+           ELSE pg_catalog.quote_ident(pg_catalog.pg_get_userbyid(item.grantee)) END);
+  END LOOP;
+END
+$revoke$;
+REVOKE ALL ON @extschema@.stuck_holders FROM PUBLIC;
+REVOKE ALL ON idempotency_monitor.stuck_holders FROM PUBLIC;
+GRANT SELECT ON idempotency_monitor.stuck_holders TO pg_monitor;
