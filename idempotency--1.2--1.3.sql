@@ -229,3 +229,50 @@ $revoke$;
 REVOKE ALL ON @extschema@.stuck_holders FROM PUBLIC;
 REVOKE ALL ON idempotency_monitor.stuck_holders FROM PUBLIC;
 GRANT SELECT ON idempotency_monitor.stuck_holders TO pg_monitor;
+
+-- Tombstones: complete_key(..., response_ttl) drops the stored response (jsonb, body, headers)
+-- response_ttl after the completion, while the key keeps its fingerprint (and response_code)
+-- until its ttl: a duplicate then gets replay with response_dropped = true and no response,
+-- and a request with another fingerprint still gets mismatch. NULL (the default), or a
+-- response_ttl not shorter than the ttl, keeps 1.2's behaviour: the response lives as long as
+-- the key. response_code is kept (four bytes): the API can still answer "done, with 201".
+ALTER TABLE @extschema@.idempotency_keys ADD COLUMN response_expires_at pg_catalog.timestamptz;
+COMMENT ON COLUMN @extschema@.idempotency_keys.response_expires_at IS
+  'When the stored response (response, response_body, response_headers) stops being replayed '
+  'and the cleanup drops it (complete_key''s response_ttl); the key stays until expires_at. '
+  'NULL: the response lives as long as the key.';
+
+ALTER TYPE @extschema@.claim_result ADD ATTRIBUTE response_dropped pg_catalog.bool;
+COMMENT ON TYPE @extschema@.claim_result IS
+  'Result of claim_key, complete_key and look_key. token is set only for claimed / reclaimed '
+  'made by claim_key (look_key''s claimed / reclaimed carry none: nothing was claimed); '
+  'response, response_code, response_body and response_headers only for replay; retry_after '
+  'only for in_progress; response_dropped only for replay: true when the response was dropped '
+  'after complete_key''s response_ttl (response, body and headers NULL, response_code kept).';
+
+-- complete_key gains response_ttl (at the end, with a default: every 1.2 call keeps working).
+-- On Citus, run create_distributed_function for complete_key again after this update.
+DROP FUNCTION @extschema@.complete_key(pg_catalog.text, pg_catalog.uuid, pg_catalog.jsonb,
+                                       pg_catalog.int4, pg_catalog.text, pg_catalog.bytea,
+                                       pg_catalog.jsonb);
+CREATE FUNCTION @extschema@.complete_key(
+  key                  pg_catalog.text,
+  token                pg_catalog.uuid,
+  response             pg_catalog.jsonb,
+  response_code        pg_catalog.int4        DEFAULT NULL,
+  scope                pg_catalog.text        DEFAULT '',
+  response_body        pg_catalog.bytea       DEFAULT NULL,
+  response_headers     pg_catalog.jsonb       DEFAULT NULL,
+  response_ttl         pg_catalog.interval    DEFAULT NULL)
+RETURNS @extschema@.claim_result
+AS 'MODULE_PATHNAME', 'complete_key'
+LANGUAGE C VOLATILE SECURITY INVOKER PARALLEL UNSAFE;
+COMMENT ON FUNCTION @extschema@.complete_key(pg_catalog.text, pg_catalog.uuid, pg_catalog.jsonb,
+                                             pg_catalog.int4, pg_catalog.text, pg_catalog.bytea,
+                                             pg_catalog.jsonb, pg_catalog.interval) IS
+  'Stores the outcome of a claim held with `token`: a jsonb response and code, and optionally '
+  'the response as sent (body bytes and headers, replayed byte for byte); duplicates then get '
+  'replay. response_ttl: the response is dropped that long after the completion while the key '
+  'stays until its ttl (replay with response_dropped, mismatch still detected); NULL keeps it '
+  'as long as the key; 22023 when not positive or over idempotency.max_ttl. Fenced: a token '
+  'that no longer holds the key is rejected (55000).';

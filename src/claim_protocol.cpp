@@ -249,10 +249,10 @@ ClaimResult claim(Session& store, const ClaimRequest& request) {
     switch (judge(row, request.fingerprint, request.caller, now)) {
       case Verdict::kMismatch:
         stats::count(stats::kMismatched);
-        return stored_answer(Status::kMismatch, *row);
+        return stored_answer(Status::kMismatch, *row, now);
       case Verdict::kReplay:
         stats::count(stats::kReplayed);
-        return stored_answer(Status::kReplay, *row);
+        return stored_answer(Status::kReplay, *row, now);
       case Verdict::kLeased:
         if (now >= request.deadline) return in_progress(*row->locked_until - now);
         waiter.sleep(request.deadline);
@@ -294,12 +294,12 @@ ClaimResult look(Session& store, const KeyName& name, const bytea* fingerprint,
     case Verdict::kExpired:
       return ClaimResult(Status::kClaimed);  // nothing of a row the claim would replace
     case Verdict::kMismatch:
-      return stored_answer(Status::kMismatch, *seen.row);
+      return stored_answer(Status::kMismatch, *seen.row, now);
     case Verdict::kReplay:
-      return stored_answer(Status::kReplay, *seen.row);
+      return stored_answer(Status::kReplay, *seen.row, now);
     case Verdict::kLeased: {
       // The caller's own key: what it was claimed with, and when the lease ends.
-      ClaimResult result = stored_answer(Status::kInProgress, *seen.row);
+      ClaimResult result = stored_answer(Status::kInProgress, *seen.row, now);
       result.retry_after_us = std::max<int64>(*seen.row->locked_until - now, 1000);
       return result;
     }
@@ -307,7 +307,7 @@ ClaimResult look(Session& store, const KeyName& name, const bytea* fingerprint,
       break;
   }
   // Attempts so far: the claim would make attempt attempts + 1 and resume from recovery_point.
-  ClaimResult result = stored_answer(Status::kReclaimed, *seen.row);
+  ClaimResult result = stored_answer(Status::kReclaimed, *seen.row, now);
   result.recovery_point = seen.row->recovery_point;
   return result;
 }
@@ -351,7 +351,8 @@ bool forget(Session& store, const KeyName& name, const std::optional<pg_uuid_t>&
 }
 
 KeyRow complete(Session& store, const KeyName& name, const pg_uuid_t& token,
-                const key_store::Outcome& outcome, const Caller& caller, TimestampTz now) {
+                const key_store::Outcome& given, const Caller& caller, TimestampTz now,
+                std::optional<Interval> response_ttl) {
   // The key expires ttl after its completion, in both patterns (SPEC §2): a completion in the
   // claiming transaction counts from now too, not from the claim, or a long transaction
   // would commit a key already expired and the redelivery would run the effect again.
@@ -367,6 +368,11 @@ KeyRow complete(Session& store, const KeyName& name, const pg_uuid_t& token,
     std::optional<KeyRow> row = store.find(caller.name, name.scope, name.key);
     if (!live_for(row, caller, now)) reject_missing(name);
     expires_at = add_interval(now, row->ttl);
+  }
+  key_store::Outcome outcome = given;
+  if (response_ttl) {
+    const TimestampTz response_expires_at = add_interval(now, *response_ttl);
+    if (response_expires_at < *expires_at) outcome.response_expires_at = response_expires_at;
   }
   std::optional<KeyRow> row = store.complete(name.scope, name.key, token, owner_of(caller), outcome,
                                              now, *expires_at, where);

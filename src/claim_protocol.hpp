@@ -41,8 +41,11 @@ ClaimResult claim(Session& store, const ClaimRequest& request);
 // Completes the claim `token` of `name`: the stored row, or the row as it was when this very
 // completion was made before (a no-op success). Refuses a token that does not hold the key
 // (55000, P0002) and another response under the same token (55000).
+// `response_ttl` (1.3): the response is dropped that long after the completion, the key kept
+// until its ttl (a tombstone); nullopt, or one not shorter than the ttl: kept as long as the key.
 KeyRow complete(Session& store, const KeyName& name, const pg_uuid_t& token,
-                const key_store::Outcome& outcome, const Caller& caller, TimestampTz now);
+                const key_store::Outcome& outcome, const Caller& caller, TimestampTz now,
+                std::optional<Interval> response_ttl = std::nullopt);
 
 // Releases the claim `token` of `name` (the key can be claimed again at once).
 void release(Session& store, const KeyName& name, const pg_uuid_t& token, const Caller& caller,

@@ -86,7 +86,7 @@ PlanSpec claim_statement(PlanId id, const std::string& table, const std::string&
                   " SET fingerprint = $4, attempts = 1, ttl = $5, lease = $10, created_at = $6,"
                   " expires_at = $7, lease_token = $8, locked_until = $9, recovery_point = NULL,"
                   " status = 'processing', response_code = NULL, updated_at = $6, response = NULL,"
-                  " response_body = NULL, response_headers = NULL" +
+                  " response_body = NULL, response_headers = NULL, response_expires_at = NULL" +
                   stamp("$11", "$12") + " WHERE " + kWhereKey + kAndOwner3,
               claim_types};
     case kReclaim:
@@ -111,10 +111,11 @@ PlanSpec fenced_statement(PlanId id, const std::string& table, const std::string
       // ttl (SPEC section 2): an update whose WAL record stays small.
       return {"UPDATE " + table +
                   " SET status = 'completed', response_code = $7, updated_at = $5, response = $6,"
-                  " expires_at = $8, response_body = $9, response_headers = $10" +
+                  " expires_at = $8, response_body = $9, response_headers = $10,"
+                  " response_expires_at = $13" +
                   stamp("$11", "$12") + " WHERE " + fence + owned_by("$11", "$12") + returning,
               {TEXTOID, TEXTOID, UUIDOID, TEXTOID, TIMESTAMPTZOID, JSONBOID, INT4OID,
-               TIMESTAMPTZOID, BYTEAOID, JSONBOID, OIDOID, INT8OID}};
+               TIMESTAMPTZOID, BYTEAOID, JSONBOID, OIDOID, INT8OID, TIMESTAMPTZOID}};
     case kRelease:
       return {"UPDATE " + table + " SET lease_token = NULL, locked_until = NULL, updated_at = $5" +
                   stamp("$6", "$7") + " WHERE " + fence + owned_by("$6", "$7"),
@@ -502,8 +503,10 @@ std::optional<KeyRow> Session::complete(text* scope, text* key, const pg_uuid_t&
                     nullable(outcome.response_body),
                     nullable(outcome.response_headers),
                     ObjectIdGetDatum(owner.role),
-                    Int64GetDatum(owner.system)};
-  char nulls[] = "            ";
+                    Int64GetDatum(owner.system),
+                    TimestampTzGetDatum(outcome.response_expires_at.value_or(0))};
+  char nulls[] = "             ";
+  nulls[12] = outcome.response_expires_at ? ' ' : 'n';
   nulls[5] = null_flag(outcome.response);
   nulls[6] = outcome.response_code ? ' ' : 'n';
   nulls[8] = null_flag(outcome.response_body);

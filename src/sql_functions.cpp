@@ -44,12 +44,14 @@ Datum sql_complete_key(FunctionCallInfo fcinfo) {
   if (argument_given(fcinfo, 5)) given.body = PG_GETARG_DATUM(5);
   if (argument_given(fcinfo, 6)) given.headers = PG_GETARG_DATUM(6);
   const key_store::Outcome outcome = responses::outcome_value(given);
+  const std::optional<Interval> response_ttl = response_ttl_argument(fcinfo, 7);
   const TimestampTz now = GetCurrentTimestamp();
 
   const KeyRow completed = as_owner(fcinfo, [&](Session& store, const caller::Installation&) {
-    return claim_protocol::complete(store, name, token, outcome, caller, now);
+    return claim_protocol::complete(store, name, token, outcome, caller, now, response_ttl);
   });
-  return claim_result::as_datum(fcinfo, claim_result::stored_answer(Status::kReplay, completed));
+  return claim_result::as_datum(fcinfo,
+                                claim_result::stored_answer(Status::kReplay, completed, now));
 }
 
 Datum sql_release_key(FunctionCallInfo fcinfo) {
