@@ -11,7 +11,7 @@
 \pset tuples_only on
 SET client_min_messages = warning;
 
-SELECT plan(45);
+SELECT plan(57);
 
 SELECT format('ALTER DATABASE %I SET idempotency.cleanup_worker = off', current_database()) \gexec
 
@@ -167,6 +167,63 @@ SELECT is(idempotency.forget_key('f-done', (SELECT token FROM t7)), true, 'forge
 -- Counted in the statistics (with shared memory).
 SELECT is(lc.forgotten() - (SELECT forgotten FROM stats_before), 5::bigint,
   'forget: the five keys forgotten are counted in idempotency_stats.forgotten');
+
+-------------------------------------------------------------------------------
+-- Tombstones: complete_key(..., response_ttl)
+-------------------------------------------------------------------------------
+-- The answer of claim_key in one string: status, response, code, whether a body came, and
+-- response_dropped.
+CREATE FUNCTION lc.claim(k text, fp bytea) RETURNS text LANGUAGE sql AS $$
+  SELECT format('%s response=%s code=%s body=%s dropped=%s', status, coalesce(response::text, '-'),
+                coalesce(response_code::text, '-'), (response_body IS NOT NULL)::text,
+                coalesce(response_dropped::text, '-'))
+    FROM idempotency.claim_key(k, fp) $$;
+-- Waits until the stored response of the current role's key has passed its time.
+CREATE FUNCTION lc.await_response_expiry(k text) RETURNS boolean LANGUAGE plpgsql AS $$
+DECLARE
+  until timestamptz;
+BEGIN
+  SELECT response_expires_at INTO until FROM idempotency.idempotency_keys
+   WHERE owner = current_user AND scope = '' AND key = k;
+  WHILE clock_timestamp() <= until LOOP
+    PERFORM pg_sleep(0.05);
+  END LOOP;
+  RETURN until IS NOT NULL;
+END $$;
+-- Two-phase (the executor's UPDATE completes) and inbox (the direct path completes the row it
+-- inserted, where it may).
+CREATE TEMP TABLE tt AS SELECT * FROM idempotency.claim_key('t-two', '\x01'::bytea);
+SELECT idempotency.complete_key('t-two', (SELECT token FROM tt), '{"paid": 9}'::jsonb, 201,
+                                response_body => '\x0102', response_ttl => '300 ms');
+BEGIN;
+SELECT idempotency.complete_key('t-inbox', (idempotency.claim_key('t-inbox', '\x01'::bytea)).token,
+                                '{"paid": 8}'::jsonb, 202, response_body => '\x03', response_ttl => '300 ms');
+COMMIT;
+SELECT is(lc.claim('t-two', '\x01'), 'replay response={"paid": 9} code=201 body=true dropped=false',
+  'tombstone: before response_ttl, replay with the response (response_dropped false)');
+SELECT ok(lc.await_response_expiry('t-two') AND lc.await_response_expiry('t-inbox'), 'tombstone: (response_ttl passed)');
+SELECT is(lc.claim('t-two', '\x01'), 'replay response=- code=201 body=false dropped=true',
+  'tombstone: after response_ttl, replay without response or body, response_dropped, code kept');
+SELECT is(lc.claim('t-inbox', '\x01'), 'replay response=- code=202 body=false dropped=true',
+  'tombstone: the same after an inbox completion');
+SELECT is(lc.claim('t-two', '\x02'), 'mismatch response=- code=- body=false dropped=-',
+  'tombstone: another fingerprint is still a mismatch');
+SELECT is((SELECT format('%s %s %s', status, (response IS NULL)::text, response_dropped::text) FROM idempotency.look_key('t-two', '\x01')),
+  'replay true true', 'tombstone: look_key says the same');
+SELECT is((SELECT expires_at > clock_timestamp() + interval '1 hour' FROM idempotency.idempotency_keys
+            WHERE owner = current_user AND key = 't-two'), true, 'tombstone: the key itself stays until its ttl');
+CREATE TEMP TABLE tl AS SELECT * FROM idempotency.claim_key('t-long', NULL::bytea, ttl => '1 hour');
+SELECT is((SELECT response_dropped::text || ' ' || response::text FROM idempotency.complete_key('t-long', (SELECT token FROM tl), '{"a": 1}'::jsonb, response_ttl => '2 hours')),
+  'false {"a": 1}', 'tombstone: complete_key answers with the response');
+SELECT is((SELECT response_expires_at IS NULL FROM idempotency.idempotency_keys WHERE owner = current_user AND key = 't-long'), true,
+  'tombstone: a response_ttl not shorter than the ttl keeps the response as long as the key');
+CREATE TEMP TABLE tz AS SELECT * FROM idempotency.claim_key('t-zero', NULL::bytea);
+SELECT is(lc.try(format($$SELECT idempotency.complete_key('t-zero', %L, '{}'::jsonb, response_ttl => '0')$$, (SELECT token FROM tz))),
+  '22023', 'tombstone: a response_ttl of zero 22023');
+SELECT is(lc.try(format($$SELECT idempotency.complete_key('t-zero', %L, '{}'::jsonb, response_ttl => '-1 s')$$, (SELECT token FROM tz))),
+  '22023', 'tombstone: a negative response_ttl 22023');
+SELECT is((SELECT status::text FROM idempotency.idempotency_keys WHERE owner = current_user AND key = 't-zero'), 'processing',
+  'tombstone: a refused completion changes nothing');
 
 -------------------------------------------------------------------------------
 -- Another role's key does not exist for the caller; a role without USAGE cannot call.
