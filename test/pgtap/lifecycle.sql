@@ -11,7 +11,7 @@
 \pset tuples_only on
 SET client_min_messages = warning;
 
-SELECT plan(57);
+SELECT plan(59);
 
 SELECT format('ALTER DATABASE %I SET idempotency.cleanup_worker = off', current_database()) \gexec
 
@@ -212,6 +212,16 @@ SELECT is((SELECT format('%s %s %s', status, (response IS NULL)::text, response_
   'replay true true', 'tombstone: look_key says the same');
 SELECT is((SELECT expires_at > clock_timestamp() + interval '1 hour' FROM idempotency.idempotency_keys
             WHERE owner = current_user AND key = 't-two'), true, 'tombstone: the key itself stays until its ttl');
+-- The cleanup drops the responses past their time, and keeps the keys.
+SELECT idempotency.idempotency_cleanup();
+SELECT is((SELECT string_agg(format('%s %s %s %s %s', key, (response IS NULL)::text, (response_body IS NULL)::text,
+                                    response_code, (response_expires_at IS NOT NULL)::text), ', ' ORDER BY key)
+             FROM idempotency.idempotency_keys WHERE owner = current_user AND key IN ('t-two', 't-inbox')),
+  't-inbox true true 202 true, t-two true true 201 true',
+  'tombstone: the cleanup drops the response, body and headers past their time, and keeps the keys');
+SELECT is(lc.claim('t-two', '\x01') || ' / ' || lc.claim('t-two', '\x02'),
+  'replay response=- code=201 body=false dropped=true / mismatch response=- code=- body=false dropped=-',
+  'tombstone: after the cleanup, still replay (dropped) and mismatch');
 CREATE TEMP TABLE tl AS SELECT * FROM idempotency.claim_key('t-long', NULL::bytea, ttl => '1 hour');
 SELECT is((SELECT response_dropped::text || ' ' || response::text FROM idempotency.complete_key('t-long', (SELECT token FROM tl), '{"a": 1}'::jsonb, response_ttl => '2 hours')),
   'false {"a": 1}', 'tombstone: complete_key answers with the response');
