@@ -276,3 +276,23 @@ COMMENT ON FUNCTION @extschema@.complete_key(pg_catalog.text, pg_catalog.uuid, p
   'stays until its ttl (replay with response_dropped, mismatch still detected); NULL keeps it '
   'as long as the key; 22023 when not positive or over idempotency.max_ttl. Fenced: a token '
   'that no longer holds the key is rejected (55000).';
+
+-- Expiry policy: what an API publishes about its keys (the IETF draft on the Idempotency-Key
+-- header asks resources to say how long keys are kept). The values in force for the calling
+-- session (a role's or database's settings included); claim_key's answer has each key's own
+-- expires_at.
+CREATE FUNCTION @extschema@.key_policy(
+  OUT default_ttl       interval,
+  OUT max_ttl           interval,
+  OUT default_lease     interval,
+  OUT max_lease         interval,
+  OUT max_key_length    integer,
+  OUT max_response_size integer)
+RETURNS record
+AS 'MODULE_PATHNAME', 'key_policy'
+LANGUAGE C STABLE SECURITY INVOKER PARALLEL SAFE;
+COMMENT ON FUNCTION @extschema@.key_policy() IS
+  'The key policy in force for this session, from the settings idempotency.default_ttl, '
+  'max_ttl, default_lease, max_lease, max_key_length and max_response_size: how long a key is '
+  'kept by default (a completed key: ttl after its completion) and at most, the lease of a '
+  'claim, and the largest key and response accepted. For an API to publish; changes nothing.';

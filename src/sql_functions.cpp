@@ -3,6 +3,7 @@
 // reads and checks its arguments (arguments.hpp, responses.hpp), runs one step of the claim
 // protocol as the installation's owner (claim_protocol.hpp), and returns its answer.
 #include "claim_protocol.hpp"
+#include "gucs.hpp"
 #include "responses.hpp"
 #include "stats.hpp"
 
@@ -108,6 +109,33 @@ Datum sql_forget_key(FunctionCallInfo fcinfo) {
   PG_RETURN_BOOL(forgotten);
 }
 
+// key_policy(): what this session's claims are held to, for an API to publish (the IETF draft
+// on the Idempotency-Key header asks resources to publish how long keys are kept).
+Datum sql_key_policy(FunctionCallInfo fcinfo) {
+  (void)calling("key_policy");
+  auto seconds = [](int n) {
+    Interval span{};
+    span.time = static_cast<int64>(n) * USECS_PER_SEC;
+    return span;
+  };
+  Interval spans[] = {seconds(gucs::default_ttl_seconds), seconds(gucs::max_ttl_seconds),
+                      seconds(gucs::default_lease_seconds), seconds(gucs::max_lease_seconds)};
+  constexpr int kFields = 6;
+  Datum values[kFields];
+  bool nulls[kFields] = {};
+  for (int i = 0; i < 4; ++i) values[i] = IntervalPGetDatum(&spans[i]);
+  values[4] = Int32GetDatum(gucs::max_key_length);
+  values[5] = Int32GetDatum(gucs::max_response_size);
+  return pg_call([&] {
+    TupleDesc descriptor = nullptr;
+    if (get_call_result_type(fcinfo, nullptr, &descriptor) != TYPEFUNC_COMPOSITE ||
+        descriptor->natts != kFields)
+      ereport(ERROR, (errcode(ERRCODE_DATATYPE_MISMATCH),
+                      errmsg("key_policy() is declared with other columns than this library's")));
+    return HeapTupleGetDatum(heap_form_tuple(BlessTupleDesc(descriptor), values, nulls));
+  });
+}
+
 }  // namespace
 }  // namespace idem::sql_functions
 
@@ -117,3 +145,4 @@ IDEM_SQL_FUNCTION(release_key, idem::sql_functions::sql_release_key)
 IDEM_SQL_FUNCTION(checkpoint_key, idem::sql_functions::sql_checkpoint_key)
 IDEM_SQL_FUNCTION(look_key, idem::sql_functions::sql_look_key)
 IDEM_SQL_FUNCTION(forget_key, idem::sql_functions::sql_forget_key)
+IDEM_SQL_FUNCTION(key_policy, idem::sql_functions::sql_key_policy)

@@ -11,7 +11,7 @@
 \pset tuples_only on
 SET client_min_messages = warning;
 
-SELECT plan(59);
+SELECT plan(63);
 
 SELECT format('ALTER DATABASE %I SET idempotency.cleanup_worker = off', current_database()) \gexec
 
@@ -236,6 +236,24 @@ SELECT is((SELECT status::text FROM idempotency.idempotency_keys WHERE owner = c
   'tombstone: a refused completion changes nothing');
 
 -------------------------------------------------------------------------------
+-- key_policy(): the settings in force for this session
+-------------------------------------------------------------------------------
+SELECT is((SELECT format('%s %s %s %s %s %s', default_ttl = current_setting('idempotency.default_ttl')::interval,
+                          max_ttl = current_setting('idempotency.max_ttl')::interval,
+                          default_lease = current_setting('idempotency.default_lease')::interval,
+                          max_lease = current_setting('idempotency.max_lease')::interval,
+                          max_key_length = current_setting('idempotency.max_key_length')::int,
+                          max_response_size = pg_size_bytes(current_setting('idempotency.max_response_size')))
+             FROM idempotency.key_policy()),
+          't t t t t t',
+  'key_policy: the settings in force');
+SET idempotency.default_ttl = '7d';
+SELECT is((SELECT default_ttl FROM idempotency.key_policy()), interval '168 hours', 'key_policy: follows a SET');
+SELECT is((SELECT expires_at - created_at FROM idempotency.claim_key('p-1', NULL::bytea, lease => '1 s')), interval '168 hours',
+  'key_policy: ... which claim_key applies');
+RESET idempotency.default_ttl;
+
+-------------------------------------------------------------------------------
 -- Another role's key does not exist for the caller; a role without USAGE cannot call.
 -------------------------------------------------------------------------------
 SELECT lc.as_role('lc_bob', $$SELECT idempotency.complete_key('shared', (SELECT token FROM idempotency.claim_key('shared')), '{"bob": 1}'::jsonb)::text$$);
@@ -257,6 +275,8 @@ SELECT is(lc.as_role('lc_nousage', $$SELECT idempotency.look_key('shared')::text
   'no USAGE: look_key 42501');
 SELECT is(lc.as_role('lc_nousage', $$SELECT idempotency.forget_key('shared')::text$$), '42501',
   'no USAGE: forget_key 42501');
+SELECT is(lc.as_role('lc_nousage', $$SELECT idempotency.key_policy()::text$$), '42501',
+  'no USAGE: key_policy 42501');
 
 -- Inside a security-restricted operation (an index expression), both refuse.
 CREATE FUNCTION lc.looks(k text) RETURNS text LANGUAGE sql IMMUTABLE AS $$ SELECT (idempotency.look_key(k)).status::text $$;

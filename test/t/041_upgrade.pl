@@ -271,7 +271,7 @@ is($node->safe_psql('v12', q{SELECT status FROM idempotency.claim_key('k-4')}, e
   extra_params => [ '-U', 'app1', '-v', 'VERBOSITY=verbose' ]);
 like($err, qr/55000.*held by a live claim/s, 'forget_key refuses a live 1.2 claim without its token');
 is($node->safe_psql('v12', q{SELECT string_agg(role || ':' || processing, ',' ORDER BY role) FROM idempotency.stuck_holders}),
-  'app1:11,app2:10,gone12:10', 'stuck_holders counts the claims in place (and app1''s new one)');
+  'app1:11,app2:10,gone12:10', "stuck_holders counts the claims in place (and app1's new one)");
 is($node->safe_psql('v12', q{
     SELECT (idempotency.complete_key('n-1', (idempotency.claim_key('n-1')).token, '{"new": true}'::jsonb,
                                      response_ttl => '1 hour')).response_dropped}, extra_params => [ '-U', 'app1' ]),
