@@ -184,20 +184,19 @@ GRANT SELECT ON idempotency_monitor.idempotency_stats TO pg_monitor;
 -- pg_stat_activity's: superusers and members of pg_monitor (through idempotency_monitor). It
 -- reads the whole key table (a sequential scan): a query for an operator, not for a probe that
 -- runs every second on a large table.
+-- The rows come from a function that reads the table as the extension owner (no role needs a
+-- right on the table, and no view depends on its columns).
+CREATE FUNCTION @extschema@.stuck_holders_rows(
+  OUT datname name, OUT role text, OUT scope text, OUT processing bigint,
+  OUT oldest_claim_age interval, OUT leases_ended bigint)
+RETURNS SETOF record
+AS 'MODULE_PATHNAME', 'stuck_holders_rows'
+LANGUAGE C VOLATILE STRICT PARALLEL UNSAFE;
+COMMENT ON FUNCTION @extschema@.stuck_holders_rows() IS
+  'Raw rows behind the stuck_holders views.';
+REVOKE ALL ON FUNCTION @extschema@.stuck_holders_rows() FROM PUBLIC;
 CREATE VIEW @extschema@.stuck_holders AS
-  SELECT pg_catalog.current_database() AS datname,
-         k.owner AS role,
-         k.scope,
-         pg_catalog.count(*) FILTER (WHERE k.locked_until OPERATOR(pg_catalog.>) pg_catalog.now())
-           AS processing,
-         pg_catalog.now() OPERATOR(pg_catalog.-) pg_catalog.min(k.created_at) AS oldest_claim_age,
-         pg_catalog.count(*) FILTER (WHERE k.locked_until OPERATOR(pg_catalog.<=) pg_catalog.now())
-           AS leases_ended
-    FROM @extschema@.idempotency_keys k
-   WHERE k.status OPERATOR(pg_catalog.=) 'processing'
-     AND k.lease_token IS NOT NULL
-     AND k.expires_at OPERATOR(pg_catalog.>) pg_catalog.now()
-   GROUP BY k.owner, k.scope;
+  SELECT * FROM @extschema@.stuck_holders_rows();
 COMMENT ON VIEW @extschema@.stuck_holders IS
   'Claims held now, per role (the key''s owner name) and scope of this database: processing '
   '(live leases), oldest_claim_age (since the oldest of these claims was first made) and '
@@ -214,13 +213,18 @@ DECLARE
   item record;
 BEGIN
   FOR item IN
-    SELECT c.oid::pg_catalog.regclass::pg_catalog.text AS name, a.grantee
+    SELECT 'TABLE ' || c.oid::pg_catalog.regclass::pg_catalog.text AS name, a.grantee
       FROM pg_catalog.pg_class c, pg_catalog.aclexplode(c.relacl) a
      WHERE c.oid OPERATOR(pg_catalog.=) ANY (ARRAY['@extschema@.stuck_holders'::pg_catalog.regclass,
              'idempotency_monitor.stuck_holders'::pg_catalog.regclass]::pg_catalog.oid[])
        AND a.grantee OPERATOR(pg_catalog.<>) c.relowner
+    UNION
+    SELECT 'FUNCTION ' || p.oid::pg_catalog.regprocedure::pg_catalog.text, a.grantee
+      FROM pg_catalog.pg_proc p, pg_catalog.aclexplode(p.proacl) a
+     WHERE p.oid OPERATOR(pg_catalog.=) '@extschema@.stuck_holders_rows()'::pg_catalog.regprocedure
+       AND a.grantee OPERATOR(pg_catalog.<>) p.proowner
   LOOP
-    EXECUTE pg_catalog.format('REVOKE ALL ON TABLE %s FROM %s', item.name,
+    EXECUTE pg_catalog.format('REVOKE ALL ON %s FROM %s', item.name,
       CASE WHEN item.grantee OPERATOR(pg_catalog.=) 0 THEN 'PUBLIC'
            ELSE pg_catalog.quote_ident(pg_catalog.pg_get_userbyid(item.grantee)) END);
   END LOOP;
@@ -228,6 +232,7 @@ END
 $revoke$;
 REVOKE ALL ON @extschema@.stuck_holders FROM PUBLIC;
 REVOKE ALL ON idempotency_monitor.stuck_holders FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION @extschema@.stuck_holders_rows() TO pg_monitor;
 GRANT SELECT ON idempotency_monitor.stuck_holders TO pg_monitor;
 
 -- Tombstones: complete_key(..., response_ttl) drops the stored response (jsonb, body, headers)

@@ -136,6 +136,46 @@ Datum sql_key_policy(FunctionCallInfo fcinfo) {
   });
 }
 
+// stuck_holders_rows(): the rows of the view stuck_holders, read as the extension owner (the
+// view's readers, pg_monitor, have no right on the key table). A function and not a view over
+// the table, so that the table's columns carry no view's dependency. Counts and ages only.
+Datum sql_stuck_holders_rows(FunctionCallInfo fcinfo) {
+  (void)calling("stuck_holders_rows");
+  pg_call([&] { InitMaterializedSRF(fcinfo, 0); });
+  auto* rsinfo = reinterpret_cast<ReturnSetInfo*>(fcinfo->resultinfo);
+  const std::optional<caller::Installation> installation = caller::of_database();
+  if (!installation) return static_cast<Datum>(0);
+  caller::ActingAsOwner acting(*installation);
+  const std::string sql =
+      "SELECT pg_catalog.current_database(), k.owner, k.scope,"
+      " pg_catalog.count(*) FILTER (WHERE k.locked_until OPERATOR(pg_catalog.>) pg_catalog.now()),"
+      " pg_catalog.now() OPERATOR(pg_catalog.-) pg_catalog.min(k.created_at),"
+      " pg_catalog.count(*) FILTER (WHERE k.locked_until OPERATOR(pg_catalog.<=) pg_catalog.now())"
+      " FROM " +
+      key_store::qualified_name(installation->table) +
+      " k WHERE k.status OPERATOR(pg_catalog.=) 'processing' AND k.lease_token IS NOT NULL"
+      " AND k.expires_at OPERATOR(pg_catalog.>) pg_catalog.now() GROUP BY k.owner, k.scope";
+  pg_call([&] {
+    MemoryContext caller_context = CurrentMemoryContext;
+    if (SPI_connect() != SPI_OK_CONNECT) elog(ERROR, "SPI_connect failed");
+    const int rc = SPI_execute(sql.c_str(), true, 0);
+    TupleDesc declared = rsinfo->setDesc;
+    bool shaped = rc == SPI_OK_SELECT && SPI_tuptable->tupdesc->natts == declared->natts;
+    for (int i = 0; shaped && i < declared->natts; ++i)
+      shaped =
+          TupleDescAttr(SPI_tuptable->tupdesc, i)->atttypid == TupleDescAttr(declared, i)->atttypid;
+    if (!shaped)
+      ereport(ERROR, (errcode(ERRCODE_DATATYPE_MISMATCH),
+                      errmsg("stuck_holders_rows() is declared with other columns than this "
+                             "library's")));
+    for (uint64 i = 0; i < SPI_processed; ++i)
+      tuplestore_puttuple(rsinfo->setResult, SPI_tuptable->vals[i]);
+    SPI_finish();
+    MemoryContextSwitchTo(caller_context);
+  });
+  return static_cast<Datum>(0);
+}
+
 }  // namespace
 }  // namespace idem::sql_functions
 
@@ -146,3 +186,4 @@ IDEM_SQL_FUNCTION(checkpoint_key, idem::sql_functions::sql_checkpoint_key)
 IDEM_SQL_FUNCTION(look_key, idem::sql_functions::sql_look_key)
 IDEM_SQL_FUNCTION(forget_key, idem::sql_functions::sql_forget_key)
 IDEM_SQL_FUNCTION(key_policy, idem::sql_functions::sql_key_policy)
+IDEM_SQL_FUNCTION(stuck_holders_rows, idem::sql_functions::sql_stuck_holders_rows)
