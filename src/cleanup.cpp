@@ -283,6 +283,28 @@ void delete_expired_keys(const Request& request, TimestampTz started, Throttle& 
   }
 }
 
+// The batches of responses past their response_ttl (1.3), after the expired keys, until none
+// is left or the run must stop. The keys stay (tombstones); only their responses go.
+void drop_expired_responses(const Request& request, TimestampTz started, Throttle& throttle,
+                            Progress& progress) {
+  for (;;) {
+    const int rows = throttle.start_batch(request.batch_size);
+    statements::Batch done;
+    const Step step = in_transaction(
+        request, progress, "idempotency cleanup: dropping a batch of expired responses",
+        [&](const caller::Installation& installation) {
+          done = statements::drop_responses(installation.table, request.now, rows);
+        });
+    if (step == Step::kPaused) progress.paused = true;
+    if (step != Step::kDone || !done.full) return;
+    pause(throttle, done.deleted, progress);
+    if (should_stop(request, started)) {
+      progress.unfinished = true;
+      return;
+    }
+  }
+}
+
 }  // namespace
 
 void run(const Request& request, Progress& progress) {
@@ -305,6 +327,8 @@ void run(const Request& request, Progress& progress) {
   // Expired keys first, every round, whatever happens to roles; then the pass over keys of
   // dropped roles, with the time left (it resumes where it stopped in the next round).
   delete_expired_keys(request, started, throttle, progress);
+  if (progress.paused || progress.unfinished) return;
+  drop_expired_responses(request, started, throttle, progress);
   if (progress.paused || progress.unfinished) return;
   (void)delete_orphans(request, table, started, throttle, progress);
 }

@@ -17,8 +17,12 @@ enum Counter : int {
   kReleased,
   kExpiredDeleted,
   kCleanupRuns,
+  // 1.3: keys deleted by forget_key (its own column after the 1.2 columns of the view).
+  kForgotten,
   kCounterCount
 };
+// The counters that idempotency_stats_rows() has shown since 1.0, in its column order.
+constexpr int kCountersOf10 = kCleanupRuns + 1;
 
 // Called from _PG_init while the postmaster loads the library (shared_preload_libraries).
 void install_shared_memory_hooks();
