@@ -248,7 +248,12 @@ GRANT SELECT ON idempotency_monitor.stuck_holders TO pg_monitor;
 -- and a request with another fingerprint still gets mismatch. NULL (the default), or a
 -- response_ttl not shorter than the ttl, keeps 1.2's behaviour: the response lives as long as
 -- the key. response_code is kept (four bytes): the API can still answer "done, with 201".
-ALTER TABLE @extschema@.idempotency_keys ADD COLUMN response_expires_at pg_catalog.timestamptz;
+DO $$
+BEGIN
+  -- By EXECUTE, IF NOT EXISTS, as the stamp's columns above (Citus).
+  EXECUTE 'ALTER TABLE @extschema@.idempotency_keys ADD COLUMN IF NOT EXISTS response_expires_at pg_catalog.timestamptz';
+END
+$$;
 COMMENT ON COLUMN @extschema@.idempotency_keys.response_expires_at IS
   'When the stored response (response, response_body, response_headers) stops being replayed '
   'and the cleanup drops it (complete_key''s response_ttl); the key stays until expires_at. '
