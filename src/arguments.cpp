@@ -145,6 +145,12 @@ Interval ttl_argument(FunctionCallInfo fcinfo, int n) {
                                    gucs::max_ttl_seconds);
 }
 
+std::optional<Interval> response_ttl_argument(FunctionCallInfo fcinfo, int n) {
+  if (!argument_given(fcinfo, n)) return std::nullopt;
+  return bounded_interval_argument(fcinfo, n, "response_ttl", gucs::default_ttl_seconds,
+                                   gucs::max_ttl_seconds);
+}
+
 Interval lease_argument(FunctionCallInfo fcinfo, int n) {
   return bounded_interval_argument(fcinfo, n, "lease", gucs::default_lease_seconds,
                                    gucs::max_lease_seconds);

@@ -58,6 +58,10 @@ TimestampTz add_interval(TimestampTz time, const Interval& interval);
 // max_lease; NULL takes idempotency.default_ttl / default_lease (held to the same maximum).
 Interval ttl_argument(FunctionCallInfo fcinfo, int n);
 Interval lease_argument(FunctionCallInfo fcinfo, int n);
+// complete_key's optional response_ttl argument `n` (1.3): nullopt when NULL or not declared
+// (the response lives as long as the key); else held to the rules of ttl (22023 when not
+// positive, at most idempotency.max_ttl).
+std::optional<Interval> response_ttl_argument(FunctionCallInfo fcinfo, int n);
 // The end of waiting: `now` plus the optional wait argument `n` (NULL: no wait), refused
 // when negative.
 TimestampTz wait_deadline(FunctionCallInfo fcinfo, int n, TimestampTz now);

@@ -123,7 +123,7 @@ BatchOutput begin_batch_output(FunctionCallInfo fcinfo) {
     output.rows = result_info->setResult;
     output.descriptor = result_info->setDesc;
   });
-  if (output.descriptor->natts != 2 + claim_result::kResultFields ||
+  if (output.descriptor->natts != 2 + claim_result::kBatchResultFields ||
       TupleDescAttr(output.descriptor, 0)->atttypid != INT4OID ||
       TupleDescAttr(output.descriptor, 1)->atttypid != TEXTOID)
     throw Error(ERRCODE_DATATYPE_MISMATCH, "the batch function returns columns of unexpected types",
@@ -134,14 +134,15 @@ BatchOutput begin_batch_output(FunctionCallInfo fcinfo) {
 
 void put_batch_row(const BatchOutput& output, int ordinality, Datum key,
                    const ClaimResult& result) {
-  Datum values[2 + claim_result::kResultFields];
-  bool nulls[2 + claim_result::kResultFields];
+  Datum values[2 + claim_result::kBatchResultFields];
+  bool nulls[2 + claim_result::kBatchResultFields];
   values[0] = Int32GetDatum(ordinality);
   nulls[0] = false;
   values[1] = key;
   nulls[1] = false;
   claim_result::ResultStorage storage;
-  claim_result::fill(result, output.status_type, values + 2, nulls + 2, storage);
+  claim_result::fill(result, output.status_type, values + 2, nulls + 2, storage,
+                     claim_result::kBatchResultFields);
   pg_call([&] { tuplestore_putvalues(output.rows, output.descriptor, values, nulls); });
 }
 
@@ -271,7 +272,7 @@ Datum sql_complete_keys(FunctionCallInfo fcinfo) {
         const Completion completion = completion_of(walk);
         KeyRow row = claim_protocol::complete(store, completion.name, completion.token,
                                               completion.outcome, caller, now);
-        return claim_result::stored_answer(claim_result::Status::kReplay, row);
+        return claim_result::stored_answer(claim_result::Status::kReplay, row, now);
       });
   return static_cast<Datum>(0);
 }

@@ -9,7 +9,8 @@ namespace {
 planner_hook_type next_planner = nullptr;
 
 // The functions the Citus recipe delegates by their first argument, the key.
-constexpr const char* kDelegated[] = {"claim_key", "complete_key", "release_key", "checkpoint_key"};
+constexpr const char* kDelegated[] = {"claim_key",      "complete_key", "release_key",
+                                      "checkpoint_key", "look_key",     "forget_key"};
 
 bool is_null_argument(Node* argument, ParamListInfo params) {
   if (argument == nullptr) return false;

@@ -249,10 +249,10 @@ ClaimResult claim(Session& store, const ClaimRequest& request) {
     switch (judge(row, request.fingerprint, request.caller, now)) {
       case Verdict::kMismatch:
         stats::count(stats::kMismatched);
-        return stored_answer(Status::kMismatch, *row);
+        return stored_answer(Status::kMismatch, *row, now);
       case Verdict::kReplay:
         stats::count(stats::kReplayed);
-        return stored_answer(Status::kReplay, *row);
+        return stored_answer(Status::kReplay, *row, now);
       case Verdict::kLeased:
         if (now >= request.deadline) return in_progress(*row->locked_until - now);
         waiter.sleep(request.deadline);
@@ -275,8 +275,84 @@ ClaimResult claim(Session& store, const ClaimRequest& request) {
   }
 }
 
+ClaimResult look(Session& store, const KeyName& name, const bytea* fingerprint,
+                 const Caller& caller, Oid table, TimestampTz now) {
+  const key_store::Session::Look seen =
+      store.look(caller.name, name.scope, name.key, name.identity(table, caller.role));
+  const Verdict verdict = judge(seen.row, fingerprint, caller, now);
+  // A claim would write the key, and another open transaction writes it: a claim would wait,
+  // or answer in_progress (the holder's lease is not visible yet: a second, as claim() says).
+  if (seen.held_by_open_transaction &&
+      (verdict == Verdict::kAbsent || verdict == Verdict::kExpired ||
+       verdict == Verdict::kReclaimable)) {
+    ClaimResult result(Status::kInProgress);
+    result.retry_after_us = USECS_PER_SEC;
+    return result;
+  }
+  switch (verdict) {
+    case Verdict::kAbsent:
+    case Verdict::kExpired:
+      return ClaimResult(Status::kClaimed);  // nothing of a row the claim would replace
+    case Verdict::kMismatch:
+      return stored_answer(Status::kMismatch, *seen.row, now);
+    case Verdict::kReplay:
+      return stored_answer(Status::kReplay, *seen.row, now);
+    case Verdict::kLeased: {
+      // The caller's own key: what it was claimed with, and when the lease ends.
+      ClaimResult result = stored_answer(Status::kInProgress, *seen.row, now);
+      result.retry_after_us = std::max<int64>(*seen.row->locked_until - now, 1000);
+      return result;
+    }
+    case Verdict::kReclaimable:
+      break;
+  }
+  // Attempts so far: the claim would make attempt attempts + 1 and resume from recovery_point.
+  ClaimResult result = stored_answer(Status::kReclaimed, *seen.row, now);
+  result.recovery_point = seen.row->recovery_point;
+  return result;
+}
+
+bool forget(Session& store, const KeyName& name, const std::optional<pg_uuid_t>& token,
+            const Caller& caller, Oid table, TimestampTz now) {
+  const std::optional<KeyRow> locked = store.lock(caller.name, name.scope, name.key);
+  if (!locked) {
+    // None, or locked (SKIP LOCKED) or inserted by another transaction still open.
+    const key_store::Session::Look seen =
+        store.look(caller.name, name.scope, name.key, name.identity(table, caller.role));
+    if (!seen.held_by_open_transaction && !seen.row) return false;
+    throw Error(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE,
+                "idempotency key " + name.describe() + " is in progress",
+                "Another transaction that is still open claims, completes or forgets it.",
+                "Try again when that transaction has ended.");
+  }
+  // A row of an earlier role of the caller's name is no key of the caller's.
+  if (!key_store::belongs_to(*locked, caller.role, caller.system)) return false;
+  const bool expired = locked->expires_at <= now;
+  if (token && !expired && !same_token(locked->lease_token, *token))
+    throw Error(
+        ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE,
+        "token does not hold idempotency key " + name.describe(),
+        locked->lease_token ? "The key was claimed with another token." : "The key was released.",
+        "Forget it without a token, or pass the token that claim_key returned for it.");
+  const bool live_claim = !expired && !locked->completed && locked->lease_token &&
+                          locked->locked_until && *locked->locked_until > now;
+  if (live_claim && !token)
+    throw Error(
+        ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE,
+        "idempotency key " + name.describe() + " is held by a live claim",
+        "The claim's lease ends at " +
+            std::string(pg_call([&] { return timestamptz_to_str(*locked->locked_until); })) + ".",
+        "Pass the claim's token to forget it, or release or complete it first.");
+  if (!store.remove(caller.name, name.scope, name.key)) return false;
+  stats::count(stats::kForgotten);
+  // Waiters on a claim that is gone now claim the key at once.
+  key_wait::touched(name.wait_slot(caller.role));
+  return true;
+}
+
 KeyRow complete(Session& store, const KeyName& name, const pg_uuid_t& token,
-                const key_store::Outcome& outcome, const Caller& caller, TimestampTz now) {
+                const key_store::Outcome& given, const Caller& caller, TimestampTz now,
+                std::optional<Interval> response_ttl) {
   // The key expires ttl after its completion, in both patterns (SPEC §2): a completion in the
   // claiming transaction counts from now too, not from the claim, or a long transaction
   // would commit a key already expired and the redelivery would run the effect again.
@@ -292,6 +368,11 @@ KeyRow complete(Session& store, const KeyName& name, const pg_uuid_t& token,
     std::optional<KeyRow> row = store.find(caller.name, name.scope, name.key);
     if (!live_for(row, caller, now)) reject_missing(name);
     expires_at = add_interval(now, row->ttl);
+  }
+  key_store::Outcome outcome = given;
+  if (response_ttl) {
+    const TimestampTz response_expires_at = add_interval(now, *response_ttl);
+    if (response_expires_at < *expires_at) outcome.response_expires_at = response_expires_at;
   }
   std::optional<KeyRow> row = store.complete(name.scope, name.key, token, owner_of(caller), outcome,
                                              now, *expires_at, where);

@@ -69,9 +69,9 @@ void forget_result_type(Datum, SyscacheId, uint32) {
 }  // namespace
 
 void fill(const ClaimResult& result, Oid status_type, Datum* values, bool* nulls,
-          ResultStorage& storage) {
+          ResultStorage& storage, int fields) {
   const Oid* label = status_labels(status_type);
-  for (int i = 0; i < kResultFields; ++i) nulls[i] = true;
+  for (int i = 0; i < fields; ++i) nulls[i] = true;
   auto set = [&](int column, Datum value) {
     values[column] = value;
     nulls[column] = false;
@@ -94,6 +94,7 @@ void fill(const ClaimResult& result, Oid status_type, Datum* values, bool* nulls
   }
   if (result.response_body) set(10, PointerGetDatum(result.response_body));
   if (result.response_headers) set(11, PointerGetDatum(result.response_headers));
+  if (fields > 12 && result.response_dropped) set(12, BoolGetDatum(*result.response_dropped));
 }
 
 Datum as_datum(FunctionCallInfo fcinfo, const ClaimResult& result) {
@@ -124,13 +125,17 @@ Datum as_datum(FunctionCallInfo fcinfo, const ClaimResult& result) {
   });
 }
 
-ClaimResult stored_answer(Status status, const key_store::KeyRow& row) {
+ClaimResult stored_answer(Status status, const key_store::KeyRow& row, TimestampTz now) {
   ClaimResult result(status);
   if (status == Status::kReplay) {
-    result.response = row.response;
+    const bool dropped = row.response_expires_at && *row.response_expires_at <= now;
+    result.response_dropped = dropped;
     result.response_code = row.response_code;
-    result.response_body = row.response_body;
-    result.response_headers = row.response_headers;
+    if (!dropped) {
+      result.response = row.response;
+      result.response_body = row.response_body;
+      result.response_headers = row.response_headers;
+    }
   }
   result.fingerprint = row.fingerprint;
   result.recovery_point = status == Status::kReplay ? row.recovery_point : nullptr;

@@ -202,7 +202,9 @@ bool delete_orphans(const Request& request, Oid table, TimestampTz started, Thro
   if (!stats::orphan_pass_due(database, table, generation, request.requester != 0)) return true;
   stats::OrphanPass pass = stats::orphan_pass_progress(database);
   if (!request.resume || pass.generation == 0 || pass.table != table) {
+    const bool again = pass.again;  // kept until a read to the end skips nothing
     pass = {generation, table, InvalidOid, 0, false};
+    pass.again = again;
   } else if (pass.generation != generation) {
     // Another change since the pass started: it goes on from here, and round to here again.
     pass.generation = generation;
@@ -228,9 +230,12 @@ bool delete_orphans(const Request& request, Oid table, TimestampTz started, Thro
     stats::count(stats::kExpiredDeleted, deleted);
     if (complete && pass.skipped_locked) {
       // Keys of no role were locked by another transaction and skipped: the pass is due
-      // again, from the start, in the next round or call (a pass marked done would leave
-      // them until the next role change).
-      stats::save_orphan_pass_progress(database, {generation, table, InvalidOid, 0, false});
+      // again, from the start, in the next round or call, whatever the role generation does
+      // (a pass marked done would leave them until the next role change, and the change that
+      // made them may never move the generation).
+      stats::OrphanPass again{generation, table, InvalidOid, 0, false};
+      again.again = true;
+      stats::save_orphan_pass_progress(database, again);
       return true;
     }
     if (complete) {
@@ -278,6 +283,28 @@ void delete_expired_keys(const Request& request, TimestampTz started, Throttle& 
   }
 }
 
+// The batches of responses past their response_ttl (1.3), after the expired keys, until none
+// is left or the run must stop. The keys stay (tombstones); only their responses go.
+void drop_expired_responses(const Request& request, TimestampTz started, Throttle& throttle,
+                            Progress& progress) {
+  for (;;) {
+    const int rows = throttle.start_batch(request.batch_size);
+    statements::Batch done;
+    const Step step = in_transaction(
+        request, progress, "idempotency cleanup: dropping a batch of expired responses",
+        [&](const caller::Installation& installation) {
+          done = statements::drop_responses(installation.table, request.now, rows);
+        });
+    if (step == Step::kPaused) progress.paused = true;
+    if (step != Step::kDone || !done.full) return;
+    pause(throttle, done.deleted, progress);
+    if (should_stop(request, started)) {
+      progress.unfinished = true;
+      return;
+    }
+  }
+}
+
 }  // namespace
 
 void run(const Request& request, Progress& progress) {
@@ -300,6 +327,8 @@ void run(const Request& request, Progress& progress) {
   // Expired keys first, every round, whatever happens to roles; then the pass over keys of
   // dropped roles, with the time left (it resumes where it stopped in the next round).
   delete_expired_keys(request, started, throttle, progress);
+  if (progress.paused || progress.unfinished) return;
+  drop_expired_responses(request, started, throttle, progress);
   if (progress.paused || progress.unfinished) return;
   (void)delete_orphans(request, table, started, throttle, progress);
 }

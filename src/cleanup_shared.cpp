@@ -82,6 +82,22 @@ struct RoleSet {
 };
 RoleSet known_roles;
 
+// Rows ever deleted from pg_authid, as the cumulative statistics last showed them to the
+// launcher (-1: not read yet). Every DROP ROLE deletes one, also of a role created and dropped
+// between two looks at pg_authid, which the fingerprint above never saw: such a role may have
+// left keys too. The statistics arrive within a second or so of the drop's commit, so a round
+// that reads them too early sees the drop in a later round.
+PgStat_Counter known_role_deletions = -1;
+
+// pg-frame: called by check_roles only (owns no C++ object).
+bool roles_were_deleted() {
+  const PgStat_StatTabEntry* entry = pgstat_fetch_stat_tabentry_ext(true, AuthIdRelationId);
+  const PgStat_Counter deletions = entry == nullptr ? 0 : entry->tuples_deleted;
+  const bool deleted = known_role_deletions >= 0 && deletions > known_role_deletions;
+  known_role_deletions = deletions;
+  return deleted;
+}
+
 int compare_hashes(const void* a, const void* b) {
   const uint64 x = *static_cast<const uint64*>(a);
   const uint64 y = *static_cast<const uint64*>(b);
@@ -203,7 +219,10 @@ bool launcher_running() {
 
 // pg-frame: called by the launcher's plan_round only, itself a pg-frame (owns no C++ object).
 void check_roles() {
-  if (shared == nullptr || !roles_reset) return;
+  if (shared == nullptr) return;
+  // Every round: the statistics of a drop may arrive after the invalidation that woke us.
+  if (roles_were_deleted()) pg_atomic_fetch_add_u64(&shared->role_generation, 1);
+  if (!roles_reset) return;
   roles_reset = false;
   // Read before pg_authid: a change counted later is looked at again.
   const uint64 changes = pg_atomic_read_u64(&shared->authid_changes);

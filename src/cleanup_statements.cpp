@@ -63,7 +63,22 @@ std::string adopt_sql(const std::string& table) {
          foreign + " RETURNING 1) SELECT pg_catalog.count(*) FROM adopted";
 }
 
-enum PlanId { kBatch, kOrphans, kAdopt, kPlanCount };
+// Up to $2 keys whose response passed its time ($1: now) and is still stored: the response's
+// three columns set to NULL; response_expires_at stays, so that a replay still says that the
+// response was dropped. No index leads to these rows (every claim would pay for one more index
+// entry): the statement reads the table until it has $2 of them, or to its end.
+std::string drop_responses_sql(const std::string& table) {
+  const std::string due =
+      " response_expires_at OPERATOR(pg_catalog.<=) $1 AND (response IS NOT NULL OR"
+      " response_body IS NOT NULL OR response_headers IS NOT NULL)";
+  return "WITH dropped AS (UPDATE " + table +
+         " SET response = NULL, response_body = NULL, response_headers = NULL"
+         " WHERE ctid OPERATOR(pg_catalog.=) ANY (ARRAY(SELECT ctid FROM " +
+         table + " WHERE" + due + " LIMIT $2 FOR UPDATE SKIP LOCKED)) AND" + due +
+         " RETURNING 1) SELECT pg_catalog.count(*) FROM dropped";
+}
+
+enum PlanId { kBatch, kOrphans, kAdopt, kDropResponses, kPlanCount };
 
 // Plans kept by the process for the relation they were made for (the table, or a Citus
 // shard; a new OID after DROP and CREATE EXTENSION makes them stale).
@@ -93,6 +108,9 @@ SPIPlanPtr plan_for(Oid relation, PlanId id) {
   if (id == kBatch) {
     sql = batch_sql(name);
     types = {TIMESTAMPTZOID, INT4OID, TIMESTAMPTZOID};
+  } else if (id == kDropResponses) {
+    sql = drop_responses_sql(name);
+    types = {TIMESTAMPTZOID, INT4OID};
   } else if (id == kOrphans) {
     sql = orphans_sql(name);
     types = {TIDOID, TIDOID, INT4OID, INT8OID};
@@ -235,6 +253,17 @@ Batch delete_expired(Oid table, TimestampTz now, TimestampTz from, int batch_siz
     batch.deleted += static_cast<uint64>(row.count);
     batch.full = batch.full || row.count >= batch_size;
     if (!sharded && row.has_time) batch.last_expiry = row.time;
+  }
+  return batch;
+}
+
+Batch drop_responses(Oid table, TimestampTz now, int batch_size) {
+  Batch batch;
+  for (Oid relation : key_relations(table)) {
+    Datum values[] = {TimestampTzGetDatum(now), Int32GetDatum(batch_size)};
+    Row row = run_one_row(relation, kDropResponses, values, {INT8OID});
+    batch.deleted += static_cast<uint64>(row.count);
+    batch.full = batch.full || row.count >= batch_size;
   }
   return batch;
 }

@@ -31,6 +31,11 @@ struct Orphans {
 };
 Orphans delete_orphans_in(Oid relation, BlockNumber from, BlockNumber to, int limit);
 
+// One batch of responses past their time (complete_key's response_ttl, 1.3) in every relation
+// that holds keys here: response, response_body and response_headers set to NULL in up to
+// `batch_size` rows each (FOR UPDATE SKIP LOCKED), the keys kept as tombstones until they
+// expire. Returns how many rows were changed, and whether a relation gave batch_size rows.
+Batch drop_responses(Oid table, TimestampTz now, int batch_size);
 // The relations that hold keys on this node, in OID order (a pass walks them in that order
 // across rounds).
 std::vector<Oid> key_relations(Oid table);

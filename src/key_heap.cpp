@@ -175,4 +175,21 @@ Seen look(OpenTable& table, text* owner, text* scope, text* key, MemoryContext c
   return seen;
 }
 
+bool written_by_open_transaction(OpenTable& table, text* owner, text* scope, text* key) {
+  SnapshotData dirty;
+  InitDirtySnapshot(dirty);
+  bool open_writer = false;
+  std::optional<KeyRow> unused;
+  read_key(table, owner, scope, key, &dirty, CurrentMemoryContext, &unused,
+           [&](Relation, TupleTableSlot* slot) {
+             // The dirty snapshot sets xmin for a version another open transaction inserted,
+             // xmax for one another open transaction updates or deletes (never for this
+             // transaction's own).
+             open_writer = slot != nullptr &&
+                           (TransactionIdIsValid(dirty.xmin) || TransactionIdIsValid(dirty.xmax));
+             return false;
+           });
+  return open_writer;
+}
+
 }  // namespace idem::key_heap

@@ -103,6 +103,14 @@ enum class Seen {
 Seen look(OpenTable& table, text* owner, text* scope, text* key, MemoryContext context,
           std::optional<KeyRow>* row);
 
+// Does another transaction that is still open write (owner, scope, key): a version it inserted
+// (a claim in flight), or one it updates or deletes? One primary-key probe with a dirty
+// snapshot; no lock, no wait, no predicate lock (look_key decides nothing from it but
+// "in_progress"). A row locked by FOR UPDATE alone is not seen: in this table that lock is
+// taken only by a statement that updates or deletes the row in the same call.
+// Snapshot: SnapshotDirty; no write.
+bool written_by_open_transaction(OpenTable& table, text* owner, text* scope, text* key);
+
 // kBusy: another transaction that is still open inserted (claimed) the key.
 enum class InsertResult { kInserted, kExists, kBusy, kNeedsExecutor };
 

@@ -174,8 +174,8 @@ uint64 completion_values(const Outcome& outcome, TimestampTz now, TimestampTz ex
   const key_layout::Layout& layout = key_layout::current();
   auto at = [&](Column column) { return layout.attnum[column] - 1; };
   uint64 changed = 0;
-  for (Column column :
-       {kStatus, kResponseCode, kUpdatedAt, kResponse, kResponseBody, kResponseHeaders})
+  for (Column column : {kStatus, kResponseCode, kUpdatedAt, kResponse, kResponseBody,
+                        kResponseHeaders, kResponseExpiresAt})
     changed |= uint64{1} << at(column);
   if (DatumGetTimestampTz(values[at(kExpiresAt)]) != expires_at)
     changed |= uint64{1} << at(kExpiresAt);
@@ -190,6 +190,8 @@ uint64 completion_values(const Outcome& outcome, TimestampTz now, TimestampTz ex
   values[at(kResponseHeaders)] = PointerGetDatum(outcome.response_headers);
   nulls[at(kResponseHeaders)] = outcome.response_headers == nullptr;
   values[at(kExpiresAt)] = TimestampTzGetDatum(expires_at);
+  values[at(kResponseExpiresAt)] = TimestampTzGetDatum(outcome.response_expires_at.value_or(0));
+  nulls[at(kResponseExpiresAt)] = !outcome.response_expires_at;
   return changed;
 }
 

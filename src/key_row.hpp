@@ -28,6 +28,10 @@ struct KeyRow {
   // wrote it; InvalidOid / nullopt where unstamped (a row from 1.2, or written elsewhere).
   Oid owner_oid;
   std::optional<int64> owner_system;
+  // When the stored response is dropped (1.3, complete_key's response_ttl): from then on the
+  // key is a tombstone that keeps its fingerprint until expires_at. nullopt: the response lives
+  // as long as the key.
+  std::optional<TimestampTz> response_expires_at;
 };
 
 // The role a completion, release or checkpoint acts for: its name (the row's owner) and the
@@ -59,6 +63,8 @@ struct Outcome {
   std::optional<int32> response_code;
   bytea* response_body;     // nullptr = NULL
   Jsonb* response_headers;  // nullptr = NULL (a JSON object of strings or string arrays)
+  // The end of the response's life (complete_key's response_ttl); nullopt: the key's.
+  std::optional<TimestampTz> response_expires_at;
 };
 
 // Where a row written directly lives: its TID in one file of the table. A TRUNCATE or
@@ -91,8 +97,9 @@ enum RowColumn {
   kRowResponseHeaders,
   kRowOwnerOid,
   kRowOwnerSystem,
+  kRowResponseExpiresAt,
 };
-constexpr int kRowColumnCount = kRowOwnerSystem;
+constexpr int kRowColumnCount = kRowResponseExpiresAt;
 
 // ---------------------------------------------------------------------------------------
 // The columns of the table: the one list both paths use (the direct path finds each by its
@@ -120,10 +127,11 @@ enum Column {
   kResponseHeaders,
   kOwnerOid,
   kOwnerSystem,
+  kResponseExpiresAt,
   kColumnCount
 };
 // Each column as the scripts create it (1.0, the response as sent added by 1.2, the owner's
-// stamp by 1.3). A NOT NULL
+// stamp and the response's own expiry by 1.3). A NOT NULL
 // added to another column is a constraint the direct path would not check, so such a table goes to
 // the executor. The status column is the extension's enum, checked by its kind (type InvalidOid
 // here). `claim_writes`: the executor's INSERT of a claim lists the column, so a default of it is
@@ -156,12 +164,13 @@ constexpr ColumnSpec kColumns[kColumnCount] = {
     {"response_headers", JSONBOID, "jsonb", false, false},
     {"owner_oid", OIDOID, "oid", false, true},
     {"owner_system", INT8OID, "bigint", false, true},
+    {"response_expires_at", TIMESTAMPTZOID, "timestamptz", false, false},
 };
 // The column behind each RowColumn (index 0 unused).
 constexpr Column kRowColumnSource[] = {
     kStatus,     kStatus,       kFingerprint,     kResponse, kResponseCode, kRecoveryPoint,
     kLeaseToken, kLockedUntil,  kAttempts,        kTtl,      kCreatedAt,    kExpiresAt,
-    kLease,      kResponseBody, kResponseHeaders, kOwnerOid, kOwnerSystem};
+    kLease,      kResponseBody, kResponseHeaders, kOwnerOid, kOwnerSystem,  kResponseExpiresAt};
 static_assert(sizeof kRowColumnSource / sizeof kRowColumnSource[0] ==
                   key_store::kRowColumnCount + 1,
               "one source column per RowColumn");
@@ -242,6 +251,8 @@ KeyRow decode_columns(ColumnReader&& column, bool completed, MemoryContext conte
   row.owner_oid = is_null ? InvalidOid : DatumGetObjectId(owner_oid);
   Datum owner_system = column(kRowOwnerSystem, &is_null);
   if (!is_null) row.owner_system = DatumGetInt64(owner_system);
+  Datum response_expires_at = column(kRowResponseExpiresAt, &is_null);
+  if (!is_null) row.response_expires_at = DatumGetTimestampTz(response_expires_at);
   return row;
 }
 

@@ -2,6 +2,7 @@
 // (see key_store.hpp).
 #include "key_store.hpp"
 
+#include "gucs.hpp"
 #include "key_heap.hpp"
 #include "key_layout.hpp"
 #include "route.hpp"
@@ -49,6 +50,8 @@ std::string stamp(const std::string& oid, const std::string& system) {
 enum PlanId {
   kFind,
   kLock,
+  kLook,
+  kDelete,
   kInsert,
   kRestart,
   kReclaim,
@@ -83,7 +86,7 @@ PlanSpec claim_statement(PlanId id, const std::string& table, const std::string&
                   " SET fingerprint = $4, attempts = 1, ttl = $5, lease = $10, created_at = $6,"
                   " expires_at = $7, lease_token = $8, locked_until = $9, recovery_point = NULL,"
                   " status = 'processing', response_code = NULL, updated_at = $6, response = NULL,"
-                  " response_body = NULL, response_headers = NULL" +
+                  " response_body = NULL, response_headers = NULL, response_expires_at = NULL" +
                   stamp("$11", "$12") + " WHERE " + kWhereKey + kAndOwner3,
               claim_types};
     case kReclaim:
@@ -108,10 +111,11 @@ PlanSpec fenced_statement(PlanId id, const std::string& table, const std::string
       // ttl (SPEC section 2): an update whose WAL record stays small.
       return {"UPDATE " + table +
                   " SET status = 'completed', response_code = $7, updated_at = $5, response = $6,"
-                  " expires_at = $8, response_body = $9, response_headers = $10" +
+                  " expires_at = $8, response_body = $9, response_headers = $10,"
+                  " response_expires_at = $13" +
                   stamp("$11", "$12") + " WHERE " + fence + owned_by("$11", "$12") + returning,
               {TEXTOID, TEXTOID, UUIDOID, TEXTOID, TIMESTAMPTZOID, JSONBOID, INT4OID,
-               TIMESTAMPTZOID, BYTEAOID, JSONBOID, OIDOID, INT8OID}};
+               TIMESTAMPTZOID, BYTEAOID, JSONBOID, OIDOID, INT8OID, TIMESTAMPTZOID}};
     case kRelease:
       return {"UPDATE " + table + " SET lease_token = NULL, locked_until = NULL, updated_at = $5" +
                   stamp("$6", "$7") + " WHERE " + fence + owned_by("$6", "$7"),
@@ -139,6 +143,13 @@ PlanSpec spec_of(PlanId id, const std::string& table) {
       return {select, key_types};
     case kLock:
       return {select + " FOR UPDATE SKIP LOCKED", key_types};
+    case kLook:
+      // The row's xmax tells a transaction that writes or has locked it (Session::look).
+      return {std::string("SELECT ") + columns + ", xmax FROM " + table + " WHERE " + kWhereKey +
+                  kAndOwner3,
+              key_types};
+    case kDelete:
+      return {"DELETE FROM " + table + " WHERE " + kWhereKey + kAndOwner3, key_types};
     case kInsert:
     case kRestart:
     case kReclaim:
@@ -210,11 +221,14 @@ uint64 run(PlanId id, Datum* values, const char* nulls, bool read_only, long lim
   return SPI_processed;
 }
 
-// Copies row `index` of the last SPI result into `context`.
-KeyRow decode(uint64 index, MemoryContext context) {
+// Copies row `index` of the last SPI result into `context`. `xmax`: the statement (kLook)
+// selects the row's xmax after its columns, stored there.
+KeyRow decode(uint64 index, MemoryContext context, TransactionId* xmax = nullptr) {
   HeapTuple tuple = SPI_tuptable->vals[index];
   TupleDesc desc = SPI_tuptable->tupdesc;
-  bool shaped = desc->natts == kRowColumnCount;
+  const int extra = xmax != nullptr ? 1 : 0;
+  bool shaped = desc->natts == kRowColumnCount + extra &&
+                (extra == 0 || TupleDescAttr(desc, kRowColumnCount)->atttypid == XIDOID);
   for (int number = kRowStatus; shaped && number <= kRowColumnCount; ++number)
     shaped = TupleDescAttr(desc, number - 1)->atttypid == row_column_type(number);
   if (!shaped)
@@ -225,6 +239,10 @@ KeyRow decode(uint64 index, MemoryContext context) {
     return SPI_getbinval(tuple, desc, number, is_null);  // pg: a column of the checked shape
   };
   bool is_null = false;
+  if (xmax != nullptr) {
+    const Datum raw = column(kRowColumnCount + 1, &is_null);
+    *xmax = is_null ? InvalidTransactionId : DatumGetTransactionId(raw);
+  }
   return decode_columns(column, DatumGetBool(column(1, &is_null)), context);
 }
 
@@ -361,6 +379,52 @@ std::optional<KeyRow> Session::lock(text* owner, text* scope, text* key) {
   return decode(0, caller_context_);
 }
 
+Session::Look Session::look(text* owner, text* scope, text* key,
+                            const key_lock::KeyIdentity& identity) {
+  Look result;
+  // The superuser's switch idempotency.executor_path sends this read through the executor
+  // too, so that the tests of the executor path cover what Citus and the executor hooks use.
+  if (route::direct_path() && !gucs::executor_path && ActiveSnapshotSet()) {
+    result.held_by_open_transaction =
+        key_heap::written_by_open_transaction(open_table_, owner, scope, key);
+    result.row = key_heap::find(open_table_, owner, scope, key, caller_context_, true);
+    return result;
+  }
+  Datum values[] = {PointerGetDatum(scope), PointerGetDatum(key), PointerGetDatum(owner)};
+  // A new snapshot at READ COMMITTED (as peek() after waiting), the transaction's own in a
+  // snapshot transaction.
+  if (execute(kLook, values, nullptr, false, 1) > 0) {
+    TransactionId xmax = InvalidTransactionId;
+    result.row = decode(0, caller_context_, &xmax);
+    // An xmax of a transaction still open (not ours): it updates, deletes or has locked the
+    // row (a take-over, a completion, a release, forget_key). The table's rows are locked only
+    // by FOR UPDATE of one transaction at a time, never shared, so xmax is a transaction id,
+    // not a multixact.
+    result.held_by_open_transaction = pg_call([&] {
+      return TransactionIdIsNormal(xmax) && !TransactionIdIsCurrentTransactionId(xmax) &&
+             TransactionIdIsInProgress(xmax);
+    });
+    return result;
+  }
+  // No row visible: an executor-path claim of another open transaction holds the key lock.
+  switch (key_lock::try_lock(identity)) {
+    case key_lock::Outcome::kBusy:
+      result.held_by_open_transaction = true;
+      break;
+    case key_lock::Outcome::kAcquired:
+      key_lock::unlock(identity);
+      break;
+    case key_lock::Outcome::kAlreadyHeld:
+      break;
+  }
+  return result;
+}
+
+bool Session::remove(text* owner, text* scope, text* key) {
+  Datum values[] = {PointerGetDatum(scope), PointerGetDatum(key), PointerGetDatum(owner)};
+  return execute(kDelete, values, nullptr, false, 0) == 1;
+}
+
 namespace {
 void claim_parameters(text* scope, text* key, const ClaimValues& claim, Datum* values,
                       char* nulls) {
@@ -439,8 +503,10 @@ std::optional<KeyRow> Session::complete(text* scope, text* key, const pg_uuid_t&
                     nullable(outcome.response_body),
                     nullable(outcome.response_headers),
                     ObjectIdGetDatum(owner.role),
-                    Int64GetDatum(owner.system)};
-  char nulls[] = "            ";
+                    Int64GetDatum(owner.system),
+                    TimestampTzGetDatum(outcome.response_expires_at.value_or(0))};
+  char nulls[] = "             ";
+  nulls[12] = outcome.response_expires_at ? ' ' : 'n';
   nulls[5] = null_flag(outcome.response);
   nulls[6] = outcome.response_code ? ' ' : 'n';
   nulls[8] = null_flag(outcome.response_body);

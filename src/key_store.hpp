@@ -7,6 +7,7 @@
 
 #include "caller.hpp"
 #include "key_heap.hpp"
+#include "key_lock.hpp"
 #include "key_row.hpp"
 
 namespace idem::key_store {
@@ -50,6 +51,21 @@ class Session {
   std::optional<KeyRow> find_as_of_now(text* owner, text* scope, text* key);
   // Locks the newest version of the row, skipping it if another transaction has it locked.
   std::optional<KeyRow> lock(text* owner, text* scope, text* key);
+  // A look that decides nothing and changes nothing (look_key, forget_key): the row as of now
+  // (READ COMMITTED: a new snapshot; a snapshot transaction: its own, as a SELECT reads), and
+  // whether another transaction that is still open writes the key (inserted it, or updates,
+  // deletes or has locked its row). It never waits and leaves no lock behind. The direct path
+  // tells that from a dirty primary-key probe; the executor path from the row's xmax and,
+  // where no row is visible, from the key lock that the executor path's claims take (tried
+  // without waiting and let go at once: `identity`).
+  struct Look {
+    std::optional<KeyRow> row;
+    bool held_by_open_transaction = false;
+  };
+  Look look(text* owner, text* scope, text* key, const key_lock::KeyIdentity& identity);
+  // Deletes the row of (owner, scope, key), which the caller has locked (lock()); false when
+  // there was none to delete.
+  bool remove(text* owner, text* scope, text* key);
   // Inserts a fresh claim without any per-key lock, where the table can be written
   // directly (key_heap::insert): kInserted, kExists (a version to decide from), kBusy (a
   // claim of another open transaction). kNeedsLock: only the executor can write here, and

@@ -134,7 +134,7 @@ bool orphan_pass_due(Oid database, Oid table, uint64 generation, bool pending_co
   if (slot == nullptr) return true;  // no slot to remember a pass in: always
   SpinLockAcquire(&shared->mutex);
   bool due = slot->orphans_done_generation != generation || slot->orphans_done_table != table ||
-             (pending_counts && cleanup_shared::role_change_pending());
+             slot->orphan_pass.again || (pending_counts && cleanup_shared::role_change_pending());
   SpinLockRelease(&shared->mutex);
   return due;
 }
@@ -213,13 +213,13 @@ void forget_dropped_databases(const Oid* existing, int count) {
 namespace {
 
 // The columns of idempotency_stats_rows(), in order. 1.0 and 1.1 declare the first 16 (up to
-// note), 1.2 the rest too: a server whose library is newer than its installation (between
-// the library's installation and ALTER EXTENSION UPDATE) still answers the old view.
+// note), 1.2 four more, 1.3 the rest too: a server whose library is newer than its installation
+// (between the library's installation and ALTER EXTENSION UPDATE) still answers the old view.
 enum Column : int {
   kDatabase,
   kSharedMemory,
   kFirstCounter,  // claimed ... cleanup_runs, in Counter order
-  kLastCleanup = kFirstCounter + kCounterCount,
+  kLastCleanup = kFirstCounter + kCountersOf10,
   kLastCleanupDeleted,
   kStatsSince,
   kLastError,
@@ -229,17 +229,19 @@ enum Column : int {
   kLastOrphanPass,
   kWorkerStartFailures,
   kLastStartFailure,
+  kColumnsOf12,  // what 1.2 declares
+  kForgottenKeys = kColumnsOf12,
   kColumnCount
 };
 
 // Refuses a declaration of idempotency_stats_rows() with `declared` columns that this library
 // does not know (it would fill columns that are not there, or leave some unset).
 void check_declared_columns(int declared) {
-  if (declared != kColumnsOf11 && declared != kColumnCount)
+  if (declared != kColumnsOf11 && declared != kColumnsOf12 && declared != kColumnCount)
     throw Error(ERRCODE_DATATYPE_MISMATCH,
                 "idempotency_stats_rows() is declared with " + std::to_string(declared) +
-                    " columns, the library knows " + std::to_string(kColumnsOf11) + " or " +
-                    std::to_string(kColumnCount),
+                    " columns, the library knows " + std::to_string(kColumnsOf11) + ", " +
+                    std::to_string(kColumnsOf12) + " or " + std::to_string(kColumnCount),
                 {}, "ALTER EXTENSION idempotency UPDATE installs the declaration of this library.");
 }
 
@@ -281,7 +283,7 @@ void put_slot_row(DatabaseSlot& slot, ReturnSetInfo* rsinfo) {
   for (bool& null : nulls) null = false;
   values[kDatabase] = ObjectIdGetDatum(database);
   values[kSharedMemory] = BoolGetDatum(true);
-  for (int i = 0; i < kCounterCount; ++i)
+  for (int i = 0; i < kCountersOf10; ++i)
     values[kFirstCounter + i] =
         Int64GetDatum(static_cast<int64>(pg_atomic_read_u64(&slot.counters[i])));
   values[kLastCleanup] = TimestampTzGetDatum(last_cleanup);
@@ -299,6 +301,8 @@ void put_slot_row(DatabaseSlot& slot, ReturnSetInfo* rsinfo) {
       Int64GetDatum(static_cast<int64>(pg_atomic_read_u64(&slot.start_failures)));
   values[kLastStartFailure] = TimestampTzGetDatum(last_start_failure);
   nulls[kLastStartFailure] = last_start_failure == 0;
+  values[kForgottenKeys] =
+      Int64GetDatum(static_cast<int64>(pg_atomic_read_u64(&slot.counters[kForgotten])));
   pg_call([&] {
     if (!nulls[kLastError]) values[kLastError] = CStringGetTextDatum(last_error);
     tuplestore_putvalues(rsinfo->setResult, rsinfo->setDesc, values, nulls);

@@ -17,8 +17,12 @@ enum Counter : int {
   kReleased,
   kExpiredDeleted,
   kCleanupRuns,
+  // 1.3: keys deleted by forget_key (its own column after the 1.2 columns of the view).
+  kForgotten,
   kCounterCount
 };
+// The counters that idempotency_stats_rows() has shown since 1.0, in its column order.
+constexpr int kCountersOf10 = kCleanupRuns + 1;
 
 // Called from _PG_init while the postmaster loads the library (shared_preload_libraries).
 void install_shared_memory_hooks();
@@ -47,6 +51,10 @@ struct OrphanPass {
   Oid relation = InvalidOid;    // the relation (the table or a Citus shard) it has reached
   BlockNumber block = 0;        // the next block to read in it
   bool skipped_locked = false;  // a key of no role was skipped (locked): not complete
+  // The last read to the end skipped locked keys of no role: due again whatever the role
+  // generation (the change that made them may never move it: a role made and dropped in one
+  // transaction, keys restored for a name that names no role).
+  bool again = false;
   // A role was dropped or renamed while the pass was under way: it goes on from where it was
   // (never back to block 0, so that no churn of roles can keep it from ending), reads to the
   // end, and comes round again to (stop_relation, stop_block), where it stood at the change.
@@ -55,9 +63,10 @@ struct OrphanPass {
   Oid stop_relation = InvalidOid;
   BlockNumber stop_block = 0;
 };
-// True when `database` needs a pass over `table` at role generation `generation`, or
-// (`pending_counts`: an idempotency_cleanup() call) when a pg_authid change waits for the
-// launcher's look; always true without shared memory or without a launcher.
+// True when `database` needs a pass over `table` at role generation `generation`, or the last
+// read skipped locked keys of no role, or (`pending_counts`: an idempotency_cleanup() call)
+// when a pg_authid change waits for the launcher's look; always true without shared memory or
+// without a launcher.
 bool orphan_pass_due(Oid database, Oid table, uint64 generation, bool pending_counts);
 // The pass under way in `database` (generation 0: none).
 OrphanPass orphan_pass_progress(Oid database);

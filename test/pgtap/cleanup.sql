@@ -29,13 +29,13 @@ SELECT columns_are('idempotency', 'idempotency_stats', ARRAY[
   'datname', 'database', 'shared_memory', 'claimed', 'reclaimed', 'replayed', 'in_progress',
   'mismatched', 'completed', 'released', 'expired_deleted', 'cleanup_runs', 'last_cleanup',
   'last_cleanup_deleted', 'stats_since', 'last_error', 'note', 'orphan_passes', 'last_orphan_pass',
-  'worker_start_failures', 'last_start_failure'], 'idempotency_stats has its columns');
+  'worker_start_failures', 'last_start_failure', 'forgotten'], 'idempotency_stats has its columns');
 SELECT has_view('idempotency_monitor', 'idempotency_stats', 'idempotency_monitor.idempotency_stats exists');
 SELECT columns_are('idempotency_monitor', 'idempotency_stats', ARRAY[
   'datname', 'database', 'shared_memory', 'claimed', 'reclaimed', 'replayed', 'in_progress',
   'mismatched', 'completed', 'released', 'expired_deleted', 'cleanup_runs', 'last_cleanup',
   'last_cleanup_deleted', 'stats_since', 'last_error', 'note', 'orphan_passes', 'last_orphan_pass',
-  'worker_start_failures', 'last_start_failure'], 'with the same columns');
+  'worker_start_failures', 'last_start_failure', 'forgotten'], 'with the same columns');
 SELECT ok(obj_description('idempotency.idempotency_stats'::regclass, 'pg_class') IS NOT NULL
           AND obj_description('idempotency_monitor.idempotency_stats'::regclass, 'pg_class') IS NOT NULL
           AND obj_description('idempotency_monitor'::regnamespace, 'pg_namespace') IS NOT NULL,

@@ -55,9 +55,10 @@ $$;
 -------------------------------------------------------------------------------
 SELECT is((SELECT string_agg(attname || ' ' || format_type(atttypid, atttypmod), ', ' ORDER BY attnum)
              FROM (SELECT * FROM pg_attribute WHERE attrelid = 'idempotency.idempotency_keys'::regclass
-                      AND attnum > 0 AND NOT attisdropped ORDER BY attnum DESC LIMIT 4) a),
-          'response_body bytea, response_headers jsonb, owner_oid oid, owner_system bigint',
-          'the table ends with response_body bytea, response_headers jsonb (1.2), then the owner''s stamp (1.3)');
+                      AND attnum > 0 AND NOT attisdropped ORDER BY attnum DESC LIMIT 5) a),
+          'response_body bytea, response_headers jsonb, owner_oid oid, owner_system bigint, '
+          'response_expires_at timestamp with time zone',
+          'the table ends with response_body bytea, response_headers jsonb (1.2), then the owner''s stamp and the response''s expiry (1.3)');
 SELECT is((SELECT count(*)::int FROM pg_attribute WHERE attrelid = 'idempotency.idempotency_keys'::regclass
              AND attname IN ('response_body', 'response_headers') AND col_description(attrelid, attnum) IS NOT NULL),
           2, 'both columns have a comment');
@@ -66,14 +67,15 @@ SELECT is((SELECT string_agg(attname || ' ' || format_type(atttypid, atttypmod),
               AND attnum > 0),
           'status claim_status, token uuid, response jsonb, response_code integer, fingerprint bytea, '
           'recovery_point text, attempts integer, created_at timestamp with time zone, '
-          'expires_at timestamp with time zone, retry_after interval, response_body bytea, response_headers jsonb',
-          'claim_result: the fields of 1.1, then response_body and response_headers');
+          'expires_at timestamp with time zone, retry_after interval, response_body bytea, response_headers jsonb, '
+          'response_dropped boolean',
+          'claim_result: the fields of 1.1, then response_body and response_headers (1.2), then response_dropped (1.3)');
 SELECT is((SELECT string_agg(oid::regprocedure::text || ' ' || array_to_string(proargnames[1:pronargs], ','), '; '
                              ORDER BY proname)
              FROM pg_proc WHERE pronamespace = 'idempotency'::regnamespace
               AND proname IN ('complete_key', 'complete_keys')),
-          'complete_key(text,uuid,jsonb,integer,text,bytea,jsonb) key,token,response,response_code,scope,'
-          'response_body,response_headers; '
+          'complete_key(text,uuid,jsonb,integer,text,bytea,jsonb,interval) key,token,response,response_code,scope,'
+          'response_body,response_headers,response_ttl; '
           'complete_keys(text[],uuid[],jsonb[],integer[],text,bytea[],jsonb[]) keys,tokens,responses,'
           'response_codes,scope,response_bodies,response_headers',
           'one complete_key and one complete_keys, the new arguments last');
@@ -85,7 +87,7 @@ SELECT is((SELECT string_agg(proname || ' ' || array_to_string(proargnames[array
           'claim_keys and complete_keys return response_body and response_headers last'); 
 SELECT is((SELECT string_agg(pronargdefaults::text, ',' ORDER BY proname) FROM pg_proc
             WHERE pronamespace = 'idempotency'::regnamespace AND proname IN ('complete_key', 'complete_keys')),
-          '4,4', 'every argument after the third has a default');
+          '5,4', 'every argument after the third has a default');
 
 -------------------------------------------------------------------------------
 -- 2. Exact bytes, through both completions.

@@ -254,6 +254,31 @@ $node->safe_psql('v12', 'GRANT USAGE ON SCHEMA idempotency TO gone12');
 is($node->safe_psql('v12', q{SELECT status || ' ' || response::text FROM idempotency.claim_key('k-2')},
     extra_params => [ '-U', 'app2' ]), 'replay {"by": "app2"}', 'and each role replays its keys after the update');
 
+# The life cycle of 1.3 on the keys that were in place (issue #37): look_key answers as claim_key
+# (replay of a 1.2 completion, with response_dropped false: 1.2's keys keep their response as
+# long as the key), forget_key deletes a completed key and refuses a live 1.2 claim, the stuck
+# holders view counts the 1.2 claims, complete_key takes a response_ttl, and the statistics have
+# forgotten.
+is($node->safe_psql('v12', q{SELECT status || ' ' || response::text || ' ' || response_dropped FROM idempotency.look_key('k-4')},
+    extra_params => [ '-U', 'app1' ]), 'replay {"by": "app1"} false', 'look_key on a 1.2 key after the update');
+is($node->safe_psql('v12', q{SELECT status || ' ' || (token IS NULL) FROM idempotency.look_key('k-3')},
+    extra_params => [ '-U', 'app1' ]), 'in_progress true', 'look_key on a live 1.2 claim: in_progress, no token');
+is($node->safe_psql('v12', q{SELECT idempotency.forget_key('k-4')}, extra_params => [ '-U', 'app1' ]), 't',
+  'forget_key deletes a 1.2 completed key');
+is($node->safe_psql('v12', q{SELECT status FROM idempotency.claim_key('k-4')}, extra_params => [ '-U', 'app1' ]), 'claimed',
+  '... which is claimed afresh');
+($rc, $out, $err) = $node->psql('v12', q{SELECT idempotency.forget_key('k-5')},
+  extra_params => [ '-U', 'app1', '-v', 'VERBOSITY=verbose' ]);
+like($err, qr/55000.*held by a live claim/s, 'forget_key refuses a live 1.2 claim without its token');
+is($node->safe_psql('v12', q{SELECT string_agg(role || ':' || processing, ',' ORDER BY role) FROM idempotency.stuck_holders}),
+  'app1:11,app2:10,gone12:10', "stuck_holders counts the claims in place (and app1's new one)");
+is($node->safe_psql('v12', q{
+    SELECT (idempotency.complete_key('n-1', (idempotency.claim_key('n-1')).token, '{"new": true}'::jsonb,
+                                     response_ttl => '1 hour')).response_dropped}, extra_params => [ '-U', 'app1' ]),
+  'f', 'complete_key takes a response_ttl after the update');
+is($node->safe_psql('v12', q{SELECT count(*) FROM pg_attribute WHERE attrelid = 'idempotency.idempotency_stats'::regclass AND attname = 'forgotten'}),
+  '1', 'idempotency_stats has forgotten after the update');
+
 # A role dropped with keys in place, no cleanup in between, then the update: its keys go.
 $node->safe_psql('postgres', q{CREATE ROLE gone13 LOGIN; CREATE DATABASE v12b});
 $node->safe_psql('v12b', q{
