@@ -444,17 +444,21 @@ COMMENT ON FUNCTION idempotency.key_lock_tag(text, text) IS
 CREATE OR REPLACE FUNCTION idempotency.stored_answer(answer idempotency.claim_status,
                                                      r idempotency.idempotency_keys)
 RETURNS idempotency.claim_result
-LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE
+LANGUAGE plpgsql VOLATILE PARALLEL SAFE
 AS $$
+DECLARE
+  -- A response past its response_expires_at (a tombstone restored from the C++ edition) is
+  -- not replayed: the code is, as there.
+  kept boolean := answer = 'replay' AND (r.response_expires_at IS NULL OR r.response_expires_at > clock_timestamp());
 BEGIN
   RETURN ROW(answer, NULL,
-             CASE WHEN answer = 'replay' THEN r.response END,
+             CASE WHEN kept THEN r.response END,
              CASE WHEN answer = 'replay' THEN r.response_code END,
              r.fingerprint,
              CASE WHEN answer = 'replay' THEN r.recovery_point END,
              r.attempts, r.created_at, r.expires_at, NULL,
-             CASE WHEN answer = 'replay' THEN r.response_body END,
-             CASE WHEN answer = 'replay' THEN r.response_headers END)::idempotency.claim_result;
+             CASE WHEN kept THEN r.response_body END,
+             CASE WHEN kept THEN r.response_headers END)::idempotency.claim_result;
 END
 $$;
 COMMENT ON FUNCTION idempotency.stored_answer(idempotency.claim_status, idempotency.idempotency_keys) IS

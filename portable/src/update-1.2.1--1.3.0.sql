@@ -47,4 +47,13 @@ COMMENT ON POLICY own_keys ON idempotency.idempotency_keys IS
   'rows of its name stamped here by another role (an earlier role of that name): direct reads '
   'see them until the cleanup deletes them (SECURITY.md, "The portable edition").';
 
+-- The C++ edition's 1.3 column of tombstones (complete_key's response_ttl), so that its dumps
+-- restore here: this edition does not set it yet (issue of the life-cycle functions), and it
+-- replays no response of a row whose response_expires_at has passed (stored_answer).
+ALTER TABLE idempotency.idempotency_keys ADD COLUMN response_expires_at pg_catalog.timestamptz;
+COMMENT ON COLUMN idempotency.idempotency_keys.response_expires_at IS
+  'When the stored response (response, response_body, response_headers) stops being replayed '
+  '(the C++ edition''s complete_key response_ttl); the key stays until expires_at. NULL: the '
+  'response lives as long as the key.';
+
 UPDATE idempotency.edition SET version = '1.3.0';

@@ -123,7 +123,7 @@ q -d cpp -c "CREATE EXTENSION idempotency" -c "GRANT USAGE ON SCHEMA idempotency
 as_pg pg_dump -h "$PGHOST" -p "$PGPORT" -U postgres -d shop --data-only -t idempotency.idempotency_keys -f "$DIR/keys.sql"
 q -d cpp -f "$DIR/keys.sql" >/dev/null
 expect "the portable dump carries the stamp columns" \
-  "$(grep -c '^COPY idempotency.idempotency_keys (.*owner_oid, owner_system) FROM stdin;' "$DIR/keys.sql")" "1"
+  "$(grep -c '^COPY idempotency.idempotency_keys (.*owner_oid, owner_system, response_expires_at) FROM stdin;' "$DIR/keys.sql")" "1"
 expect "portable -> C++: the rows keep their stamp (same cluster: app_a's OID)" \
   "$(q -d cpp -c "SELECT count(*) FILTER (WHERE owner_oid = owner::regrole AND owner_system = (SELECT system_identifier FROM pg_control_system())) || ' ' || count(*) FROM idempotency.idempotency_keys")" \
   "$(q -d shop -c "SELECT count(*) || ' ' || count(*) FROM idempotency.idempotency_keys")"
@@ -137,7 +137,7 @@ q -U shop_owner -d back -c "GRANT USAGE ON SCHEMA idempotency TO app_a" >/dev/nu
 as_pg pg_dump -h "$PGHOST" -p "$PGPORT" -U postgres -d cpp --data-only -t idempotency.idempotency_keys -f "$DIR/keys-cpp.sql"
 q -d back -f "$DIR/keys-cpp.sql" >/dev/null
 expect "the C++ dump carries the stamp columns" \
-  "$(grep -c '^COPY idempotency.idempotency_keys (.*owner_oid, owner_system) FROM stdin;' "$DIR/keys-cpp.sql")" "1"
+  "$(grep -c '^COPY idempotency.idempotency_keys (.*owner_oid, owner_system, response_expires_at) FROM stdin;' "$DIR/keys-cpp.sql")" "1"
 expect "C++ -> portable: the row keeps its stamp" \
   "$(q -d back -c "SELECT owner_oid = 'app_a'::regrole AND owner_system = (SELECT system_identifier FROM pg_control_system()) FROM idempotency.idempotency_keys WHERE key = 'from-cpp'")" "t"
 expect "C++ -> portable: the key answers replay as sent" \
