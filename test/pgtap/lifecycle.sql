@@ -1,4 +1,5 @@
 -- pgTAP: the key's life cycle of 1.3 (issue #37, SPEC section 3.5): look_key answers what
+-- Edition: C++ only: the life-cycle API of 1.3 is not in the portable edition yet (issue #37 stays open for it).
 -- claim_key would answer now without claiming, writing or waiting; forget_key deletes the
 -- caller's own completed, released or expired key (a live claim only with its token). Each for
 -- the caller's own keys only (another role's key does not exist for it), refused to a role
