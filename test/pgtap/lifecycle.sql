@@ -1,5 +1,4 @@
 -- pgTAP: the key's life cycle of 1.3 (issue #37, SPEC section 3.5): look_key answers what
--- Edition: C++ only: the life-cycle API of 1.3 is not in the portable edition yet (issue #37 stays open for it).
 -- claim_key would answer now without claiming, writing or waiting; forget_key deletes the
 -- caller's own completed, released or expired key (a live claim only with its token). Each for
 -- the caller's own keys only (another role's key does not exist for it), refused to a role
@@ -7,6 +6,7 @@
 -- polling the clock until the stored expires_at has passed, never by a sleep of a fixed length.
 -- Roles are cluster-wide: they carry the prefix lc_ and are dropped at the end.
 -- On every path: the direct path and the executor's statements (test/paths/executor.*).
+-- Edition: C++ only: the life-cycle API of 1.3 is not in the portable edition yet (issue #37 stays open for it).
 \set ON_ERROR_STOP 1
 \pset format unaligned
 \pset tuples_only on
