@@ -372,7 +372,10 @@ KeyRow complete(Session& store, const KeyName& name, const pg_uuid_t& token,
   key_store::Outcome outcome = given;
   if (response_ttl) {
     const TimestampTz response_expires_at = add_interval(now, *response_ttl);
-    if (response_expires_at < *expires_at) outcome.response_expires_at = response_expires_at;
+    if (response_expires_at < *expires_at) {
+      outcome.response_expires_at = response_expires_at;
+      stats::note_response_expiry(MyDatabaseId);  // the cleanup now looks for such responses
+    }
   }
   std::optional<KeyRow> row = store.complete(name.scope, name.key, token, owner_of(caller), outcome,
                                              now, *expires_at, where);

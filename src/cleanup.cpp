@@ -287,6 +287,7 @@ void delete_expired_keys(const Request& request, TimestampTz started, Throttle& 
 // is left or the run must stop. The keys stay (tombstones); only their responses go.
 void drop_expired_responses(const Request& request, TimestampTz started, Throttle& throttle,
                             Progress& progress) {
+  if (!stats::responses_may_expire(MyDatabaseId)) return;
   for (;;) {
     const int rows = throttle.start_batch(request.batch_size);
     statements::Batch done;

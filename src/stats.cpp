@@ -28,6 +28,10 @@ struct DatabaseSlot {
   uint64 orphans_done_generation;  // the role generation of the last complete pass
   Oid orphans_done_table;          // ... and the table it read
   stats::OrphanPass orphan_pass;   // the pass under way
+  // A completion with a response_ttl shorter than the ttl happened here since the server
+  // started: only then does the cleanup look for responses to drop (a read of the whole table,
+  // which no index serves).
+  bool responses_expire;
 };
 
 struct SharedStats {
@@ -49,6 +53,7 @@ void clear_fields(DatabaseSlot& slot) {
   slot.orphans_done_generation = 0;
   slot.orphans_done_table = InvalidOid;
   slot.orphan_pass = stats::OrphanPass{};
+  slot.responses_expire = false;
 }
 
 void initialize(SharedStats* stats) {
@@ -172,6 +177,25 @@ void finish_orphan_pass(Oid database, Oid table, uint64 generation) {
   if (slot->orphan_pass.generation <= generation) slot->orphan_pass = OrphanPass{};
   slot->last_orphan_pass = now;
   SpinLockRelease(&shared->mutex);
+}
+
+void note_response_expiry(Oid database) {
+  if (shared == nullptr) return;
+  DatabaseSlot* slot = slot_of(database);
+  if (slot == nullptr) return;
+  SpinLockAcquire(&shared->mutex);
+  slot->responses_expire = true;
+  SpinLockRelease(&shared->mutex);
+}
+
+bool responses_may_expire(Oid database) {
+  if (shared == nullptr) return true;
+  DatabaseSlot* slot = slot_of(database);
+  if (slot == nullptr) return true;
+  SpinLockAcquire(&shared->mutex);
+  const bool expire = slot->responses_expire;
+  SpinLockRelease(&shared->mutex);
+  return expire;
 }
 
 void count_start_failure(Oid database) {

@@ -68,6 +68,10 @@ struct OrphanPass {
 // when a pg_authid change waits for the launcher's look; always true without shared memory or
 // without a launcher.
 bool orphan_pass_due(Oid database, Oid table, uint64 generation, bool pending_counts);
+// A completion in `database` kept its response shorter than its key (response_ttl): from now
+// on the cleanup looks for responses to drop there. Without shared memory it always looks.
+void note_response_expiry(Oid database);
+bool responses_may_expire(Oid database);
 // The pass under way in `database` (generation 0: none).
 OrphanPass orphan_pass_progress(Oid database);
 void save_orphan_pass_progress(Oid database, const OrphanPass& pass);
