@@ -38,7 +38,7 @@ run_chaos batch --port 5474 --patterns batch --messages 400 --batch-size 20 --co
 PORTABLE_SQL="$IDEM_SCRATCH/idempotency-portable.sql"
 bash "$IDEM_ROOT/portable/tools/generate.sh" psql >"$PORTABLE_SQL" && chmod 644 "$PORTABLE_SQL"
 run_chaos portable --port 5476 --messages 300 --consumers 8 --crashes 1 --timeout 300 --portable "$PORTABLE_SQL"
-run_chaos portable-batch --port 5477 --patterns batch --messages 200 --batch-size 20 --consumers 6 --crashes 1 \
+run_chaos portable-batch --port 5477 --patterns batch --messages 400 --batch-size 20 --consumers 6 --crashes 1 \
   --timeout 300 --portable "$PORTABLE_SQL"
 
 # Self-test: the harness must catch a consumer that breaks exactly-once.
