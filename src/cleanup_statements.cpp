@@ -12,17 +12,43 @@ namespace {
 
 // $1 now, $2 batch size, $3 lower bound of expires_at. The inner SELECT walks the
 // expires_at index in order and locks rows without waiting; the DELETE then reaches the
-// locked rows by their ctid (a TID scan) and checks the expiry once more.
-std::string batch_sql(const std::string& table) {
+// locked rows by their ctid (a TID scan) and checks the expiry once more. Under a BRIN on
+// expires_at (16+, `ordered` false) no index gives that order, and sorting every match to
+// take a batch would read the whole table per batch: the batch is the first expired keys in
+// the table's block order instead (a bitmap or sequential scan that stops at the LIMIT), and
+// $3 is always -infinity (the largest expiry deleted bounds nothing).
+std::string batch_sql(const std::string& table, bool ordered) {
   return "WITH gone AS (DELETE FROM " + table +
          " WHERE ctid OPERATOR(pg_catalog.=) ANY (ARRAY("
          "SELECT ctid FROM " +
          table +
          " WHERE expires_at OPERATOR(pg_catalog.>=) $3"
-         " AND expires_at OPERATOR(pg_catalog.<=) $1"
-         " ORDER BY expires_at LIMIT $2 FOR UPDATE SKIP LOCKED))"
+         " AND expires_at OPERATOR(pg_catalog.<=) $1" +
+         (ordered ? " ORDER BY expires_at" : "") +
+         " LIMIT $2 FOR UPDATE SKIP LOCKED))"
          " AND expires_at OPERATOR(pg_catalog.<=) $1 RETURNING expires_at)"
          " SELECT pg_catalog.count(*), pg_catalog.max(expires_at) FROM gone";
+}
+
+// Has `relation` a B-Tree whose first column is expires_at (the cleanup's ordered walk)?
+bool expiry_is_ordered(Oid relation) {
+  return pg_call([&] {
+    Relation table = table_open(relation, AccessShareLock);
+    const AttrNumber expires_at = get_attnum(relation, "expires_at");
+    List* indexes = RelationGetIndexList(table);
+    bool ordered = false;
+    ListCell* cell = nullptr;
+    foreach (cell, indexes) {
+      Relation index = index_open(lfirst_oid(cell), AccessShareLock);
+      ordered = ordered || (index->rd_rel->relam == BTREE_AM_OID && index->rd_index->indisvalid &&
+                            index->rd_index->indnkeyatts >= 1 &&
+                            index->rd_index->indkey.values[0] == expires_at);
+      index_close(index, AccessShareLock);
+    }
+    list_free(indexes);
+    table_close(table, AccessShareLock);
+    return ordered;
+  });
 }
 
 // Up to $3 keys in the blocks [$1, $2) that no role owns, locked without waiting and deleted:
@@ -84,12 +110,13 @@ enum PlanId { kBatch, kOrphans, kAdopt, kDropResponses, kPlanCount };
 // shard; a new OID after DROP and CREATE EXTENSION makes them stale).
 struct PlanCache {
   Oid relation = InvalidOid;
+  bool ordered = true;  // expiry_is_ordered, when the batch's plan was made
   std::array<SPIPlanPtr, kPlanCount> plans{};
 };
 std::array<PlanCache, 4> caches;  // a few relations: a table, or the shards a node holds
 size_t next_cache = 0;
 
-SPIPlanPtr plan_for(Oid relation, PlanId id) {
+PlanCache& cache_for(Oid relation) {
   PlanCache* cache = nullptr;
   for (PlanCache& candidate : caches)
     if (candidate.relation == relation) cache = &candidate;
@@ -101,12 +128,18 @@ SPIPlanPtr plan_for(Oid relation, PlanId id) {
     }
     cache->relation = relation;
   }
+  return *cache;
+}
+
+SPIPlanPtr plan_for(Oid relation, PlanId id) {
+  PlanCache* cache = &cache_for(relation);
   if (cache->plans[id] != nullptr) return cache->plans[id];
   const std::string name = key_store::qualified_name(relation);
   std::string sql;
   std::vector<Oid> types;
   if (id == kBatch) {
-    sql = batch_sql(name);
+    cache->ordered = expiry_is_ordered(relation);
+    sql = batch_sql(name, cache->ordered);
     types = {TIMESTAMPTZOID, INT4OID, TIMESTAMPTZOID};
   } else if (id == kDropResponses) {
     sql = drop_responses_sql(name);
@@ -247,12 +280,14 @@ Batch delete_expired(Oid table, TimestampTz now, TimestampTz from, int batch_siz
   batch.last_expiry = from;
   for (Oid relation : relations) {
     // Shards start from the beginning of their index each time: `from` is the table's.
+    plan_for(relation, kBatch);
+    const bool ordered = cache_for(relation).ordered;
     Datum values[] = {TimestampTzGetDatum(now), Int32GetDatum(batch_size),
-                      TimestampTzGetDatum(sharded ? DT_NOBEGIN : from)};
+                      TimestampTzGetDatum(sharded || !ordered ? DT_NOBEGIN : from)};
     Row row = run_one_row(relation, kBatch, values, {INT8OID, TIMESTAMPTZOID});
     batch.deleted += static_cast<uint64>(row.count);
     batch.full = batch.full || row.count >= batch_size;
-    if (!sharded && row.has_time) batch.last_expiry = row.time;
+    if (!sharded && ordered && row.has_time) batch.last_expiry = row.time;
   }
   return batch;
 }

@@ -28,11 +28,41 @@ bool open_writer(OpenTable& open, AclMode privileges, const char* command) {
 // as the executor would: unique indexes check uniqueness. For an update, `changed` has bit
 // attnum - 1 set for each column that changed: an index over none of them gets the
 // "unchanged" hint that lets B-Tree delete the older versions' entries bottom-up.
-// `indexes` chooses the primary key only, every other index, or all of them; the primary
+// `indexes` chooses the primary key only, every other index, all of them, or the summarizing
+// (BRIN) ones only (a HOT update that changed a column they cover, 16+); the primary
 // key checks uniqueness with `primary_key_check`. Returns what the primary key's
 // index_insert returned (true when it was not among `indexes`): with UNIQUE_CHECK_PARTIAL,
 // false means another live version of the key may exist, and nothing waited for it.
-enum class Indexes { kAll, kPrimaryKey, kOthers };
+enum class Indexes { kAll, kPrimaryKey, kOthers, kSummarizing };
+
+// Is `index` summarizing: does a HOT update still owe it an entry (PostgreSQL 16+)?
+bool is_summarizing(const IndexInfo* info) {
+#if PG_VERSION_NUM >= 160000
+  return info->ii_Summarizing;
+#else
+  (void)info;
+  return false;
+#endif
+}
+
+// index_insert into a BRIN index, whose insert keeps state in ii_AmCache (the range map's
+// metapage pinned, on 17+) that the executor drops when it closes the index: here it lives in
+// a context of this insert only, dropped after it, so nothing outlives the call. An insert
+// that raised left ii_AmCache dangling: it is cleared first.
+// pg-frame: runs inside pg_call only (owns no C++ object).
+void insert_brin_entry(Relation index, IndexInfo* info, Datum* key_values, bool* key_nulls,
+                       ItemPointer tid, Relation table, bool unchanged) {
+  MemoryContext context =
+      AllocSetContextCreate(CurrentMemoryContext, "idempotency BRIN insert", ALLOCSET_SMALL_SIZES);
+  info->ii_AmCache = nullptr;
+  info->ii_Context = context;
+  index_insert(index, key_values, key_nulls, tid, table, UNIQUE_CHECK_NO, unchanged, info);
+#if PG_VERSION_NUM >= 170000
+  index_insert_cleanup(index, info);
+#endif
+  info->ii_AmCache = nullptr;
+  MemoryContextDelete(context);
+}
 // pg-frame: runs inside pg_call only (owns no C++ object).
 bool insert_index_entries(Relation table, const OpenTable& open, Datum* values, bool* nulls,
                           ItemPointer tid, std::optional<uint64> changed,
@@ -42,10 +72,11 @@ bool insert_index_entries(Relation table, const OpenTable& open, Datum* values, 
   for (int i = 0; i < open.index_count(); ++i) {
     Relation index = open.index(i);
     const bool is_primary_key = RelationGetRelid(index) == key_layout::current().primary_key;
-    if ((indexes == Indexes::kPrimaryKey && !is_primary_key) ||
-        (indexes == Indexes::kOthers && is_primary_key))
-      continue;
     IndexInfo* info = key_layout::current().index_info[i];
+    if ((indexes == Indexes::kPrimaryKey && !is_primary_key) ||
+        (indexes == Indexes::kOthers && is_primary_key) ||
+        (indexes == Indexes::kSummarizing && !is_summarizing(info)))
+      continue;
     if (!index->rd_index->indisready) continue;  // being built concurrently
     Datum key_values[INDEX_MAX_KEYS];
     bool key_nulls[INDEX_MAX_KEYS];
@@ -60,6 +91,10 @@ bool insert_index_entries(Relation table, const OpenTable& open, Datum* values, 
     IndexUniqueCheck check = !index->rd_index->indisunique ? UNIQUE_CHECK_NO
                              : is_primary_key              ? primary_key_check
                                                            : UNIQUE_CHECK_YES;
+    if (index->rd_rel->relam == BRIN_AM_OID) {
+      insert_brin_entry(index, info, key_values, key_nulls, tid, table, unchanged);
+      continue;
+    }
     bool result = index_insert(index, key_values, key_nulls, tid, table, check, unchanged, info);
     if (is_primary_key && check == UNIQUE_CHECK_PARTIAL) unique = result;
   }
@@ -267,7 +302,8 @@ std::optional<KeyRow> complete(OpenTable& open, const key_store::RowAddress& whe
   bool nulls[kMaxAttributes];
   HeapTuple tuple = nullptr;
   uint64 changed = 0;
-  bool new_entries = false;
+  Indexes new_entries = Indexes::kAll;
+  bool any_entries = false;
   const bool updated = pg_call([&] {
     CheckCmdReplicaIdentity(table, CMD_UPDATE);
     TupleDesc desc = RelationGetDescr(table);
@@ -291,14 +327,17 @@ std::optional<KeyRow> complete(OpenTable& open, const key_store::RowAddress& whe
     // The pin kept the old tuple's bytes in place until they are copied here.
     tuple = heap_form_tuple(desc, values, nulls);
     ReleaseBuffer(buffer);
-    // The direct path has only B-Tree indexes, none summarizing: all or none get entries.
+    // As the executor: every index gets an entry, none (a HOT update), or, on 16+, only the
+    // summarizing ones (a HOT update that changed a column only they cover: expires_at under
+    // the BRIN of 16+).
 #if PG_VERSION_NUM >= 160000
     TU_UpdateIndexes update_indexes = TU_All;
     simple_heap_update(table, &old.t_self, tuple, &update_indexes);
-    new_entries = update_indexes != TU_None;
+    any_entries = update_indexes != TU_None;
+    if (update_indexes == TU_Summarizing) new_entries = Indexes::kSummarizing;
 #else
     simple_heap_update(table, &old.t_self, tuple);
-    new_entries = !HeapTupleIsHeapOnly(tuple);
+    any_entries = !HeapTupleIsHeapOnly(tuple);
 #endif
     heap_deform_tuple(tuple, desc, values, nulls);
     return true;
@@ -306,9 +345,11 @@ std::optional<KeyRow> complete(OpenTable& open, const key_store::RowAddress& whe
   if (!updated) return std::nullopt;
   // A HOT update needs no index entry; the indexes are opened only for new entries (this
   // transaction's insert of the row already holds their locks).
-  if (new_entries) {
+  if (any_entries) {
     open.open_indexes();
-    pg_call([&] { insert_index_entries(table, open, values, nulls, &tuple->t_self, changed); });
+    pg_call([&] {
+      insert_index_entries(table, open, values, nulls, &tuple->t_self, changed, new_entries);
+    });
   }
   pg_call([] { CommandCounterIncrement(); });
   return key_layout::decode_values(values, nulls, context);

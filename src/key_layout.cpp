@@ -105,9 +105,10 @@ LayoutCheck read_indexes(Relation table, Layout& l) {
       MemoryContext old = MemoryContextSwitchTo(l.memory);
       IndexInfo* info = BuildIndexInfo(index);
       MemoryContextSwitchTo(old);
-      // Only plain B-Tree indexes: other access methods keep per-index state across
-      // inserts (ii_AmCache) that the executor cleans up and we would not.
-      if (index->rd_rel->relam != BTREE_AM_OID || info->ii_Expressions != NIL ||
+      // Plain B-Tree and BRIN indexes only: other access methods keep per-index state across
+      // inserts (ii_AmCache) that the executor cleans up; key_heap_write.cpp does it for BRIN.
+      if ((index->rd_rel->relam != BTREE_AM_OID && index->rd_rel->relam != BRIN_AM_OID) ||
+          info->ii_Expressions != NIL ||
           info->ii_Predicate != NIL || info->ii_ExclusionOps != nullptr ||
           (index->rd_index->indisunique && !index->rd_index->indimmediate))
         needs(l, route::ExecutorReason::kIndexKind);
