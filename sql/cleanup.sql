@@ -122,15 +122,28 @@ REVOKE USAGE ON SCHEMA idempotency FROM cleanup_regress_user;
 DROP ROLE cleanup_regress_user;
 
 -- the plan of the batch statement of src/cleanup_statements.cpp (same text, operators unqualified):
--- an index scan in expiry order under the LIMIT, then a delete by TID,
--- whatever the table size
+-- under the B-Tree of PostgreSQL 15, an index scan in expiry order under the LIMIT, then a
+-- delete by TID, whatever the table size; under the BRIN of 16 and later, the statement
+-- without ORDER BY: the first expired keys in block order under the LIMIT (no sort of every
+-- expired key), then the delete by TID
 SET plan_cache_mode = force_generic_plan;
+SELECT amname = 'brin' AS expiry_brin FROM pg_class JOIN pg_am ON pg_am.oid = relam
+ WHERE pg_class.oid = 'idempotency_keys_expires_at_idx'::regclass \gset
+\if :expiry_brin
+PREPARE batch(timestamptz, int, timestamptz) AS
+WITH gone AS (DELETE FROM idempotency_keys WHERE ctid = ANY (ARRAY(
+  SELECT ctid FROM idempotency_keys WHERE expires_at >= $3 AND expires_at <= $1
+   LIMIT $2 FOR UPDATE SKIP LOCKED)) AND expires_at <= $1
+  RETURNING expires_at)
+SELECT count(*), max(expires_at) FROM gone;
+\else
 PREPARE batch(timestamptz, int, timestamptz) AS
 WITH gone AS (DELETE FROM idempotency_keys WHERE ctid = ANY (ARRAY(
   SELECT ctid FROM idempotency_keys WHERE expires_at >= $3 AND expires_at <= $1
    ORDER BY expires_at LIMIT $2 FOR UPDATE SKIP LOCKED)) AND expires_at <= $1
   RETURNING expires_at)
 SELECT count(*), max(expires_at) FROM gone;
+\endif
 EXPLAIN (COSTS OFF) EXECUTE batch(now(), 5000, '-infinity');
 DEALLOCATE batch;
 -- and of the batch of keys of dropped roles: a range of blocks read by a TID range scan,

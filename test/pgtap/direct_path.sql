@@ -69,16 +69,21 @@ SELECT ok(indexes_whole(), 'after direct inserts every index holds every row');
 
 -------------------------------------------------------------------------------
 -- 2. Completion in the claim's transaction: an update of the row the claim inserted, found by
---    its address. Not HOT: expires_at, an indexed column, moves to the completion time + ttl
---    (SPEC section 2: a key lives ttl after its completion, in the inbox pattern too).
+--    its address. expires_at moves to the completion time + ttl (SPEC section 2: a key lives
+--    ttl after its completion, in the inbox pattern too): not HOT on 15, whose expiry index is
+--    a B-Tree; HOT on 16+, whose expiry index is a BRIN (which still gets the new value).
 -------------------------------------------------------------------------------
 SELECT pg_current_wal_insert_lsn() AS wal_start \gset
 SELECT lives_ok($$SELECT complete_key('inbox-' || n, (claim_key('inbox-' || n)).token, '{"ok": true}', 200)
                     FROM generate_series(1, 30) n$$, '30 claims and completions in one statement');
 SELECT is(heap_records_since(:'wal_start', 'INSERT'), 30, 'claim + complete in one statement: 30 heap inserts');
-SELECT is(heap_records_since(:'wal_start', 'UPDATE'), 30, 'and 30 updates (expires_at moves: not HOT)');
+-- On 16 and later the expiry index is a BRIN (summarizing): the same completions are HOT.
+SELECT current_setting('server_version_num')::int >= 160000 AS summarizing \gset
+SELECT is(heap_records_since(:'wal_start', 'UPDATE'), CASE WHEN :'summarizing'::boolean THEN 0 ELSE 30 END,
+          'and 30 updates (expires_at moves: not HOT on 15; HOT on 16+, where only a BRIN covers it)');
 SELECT is(array[heap_records_since(:'wal_start', 'HEAP_CONFIRM'), heap_records_since(:'wal_start', 'HOT_UPDATE')],
-          array[30, 0], 'and nothing else written to the heap than one confirmation per speculative insert');
+          array[30, CASE WHEN :'summarizing'::boolean THEN 30 ELSE 0 END],
+          'and nothing else written to the heap than one confirmation per speculative insert');
 SELECT is((SELECT count(*)::int FROM idempotency_keys
             WHERE key LIKE 'inbox-%' AND status = 'completed' AND response = '{"ok": true}' AND response_code = 200
               AND updated_at >= created_at AND expires_at = updated_at + ttl),

@@ -250,6 +250,23 @@ is($node->safe_psql('v12', q{
                                        AND owner_system = (SELECT system_identifier FROM pg_control_system())) n
         FROM idempotency.idempotency_keys GROUP BY owner) o}),
   'app1:20,app2:20,gone12:20', 'the update stamps every key with the OID its owner name names now');
+# The expiry index is rebuilt by the update with the keys in place: a BRIN on 16 and later
+# (a completion then stays a HOT update), the B-Tree kept on 15; either way it finds every key.
+my $summarizing = $node->safe_psql('v12', q{SELECT current_setting('server_version_num')::int >= 160000}) eq 't';
+is($node->safe_psql('v12', q{
+    SELECT a.amname || ' ' || x.indisvalid FROM pg_index x JOIN pg_class i ON i.oid = x.indexrelid
+      JOIN pg_am a ON a.oid = i.relam WHERE x.indexrelid = 'idempotency.idempotency_keys_expires_at_idx'::regclass}),
+  $summarizing ? 'brin true' : 'btree true', 'the update leaves the expiry index of this major, valid');
+is($node->safe_psql('v12', q{SET enable_seqscan = off;
+    SELECT count(*) FROM idempotency.idempotency_keys WHERE expires_at > now() - interval '1 hour'}),
+  '60', 'a scan of the expiry index finds every key in place after the update');
+is($node->safe_psql('v12', q{BEGIN;
+    SELECT (idempotency.complete_key('hot-1', (idempotency.claim_key('hot-1')).token, '{}'::jsonb)).status;
+    SELECT n_tup_hot_upd || '/' || n_tup_upd FROM pg_stat_xact_user_tables
+     WHERE relid = 'idempotency.idempotency_keys'::regclass;
+    COMMIT;}, extra_params => [ '-U', 'app1' ]),
+  $summarizing ? "replay\n1/1" : "replay\n0/1",
+  'after the update a completion is a HOT update on 16+ (on 15 the B-Tree covers expires_at)');
 $node->safe_psql('v12', 'GRANT USAGE ON SCHEMA idempotency TO gone12');
 is($node->safe_psql('v12', q{SELECT status || ' ' || response::text FROM idempotency.claim_key('k-2')},
     extra_params => [ '-U', 'app2' ]), 'replay {"by": "app2"}', 'and each role replays its keys after the update');
