@@ -43,7 +43,7 @@ enum class ExecutorReason {
   kExtraNotNull,       // NOT NULL added to a column that may be NULL
   kDefault,            // a default on a column the claim's INSERT leaves out
   kIdentityGenerated,  // an identity or generated column
-  kIndexKind,          // more indexes than kept, or one that is not a plain, immediate B-Tree
+  kIndexKind,          // more indexes than kept, or one not a plain, immediate B-Tree or BRIN
   kOtherUniqueIndex,   // a unique index besides the primary key (an arbiter, or a 23505)
   kTrigger,
   kRule,
