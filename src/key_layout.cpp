@@ -108,8 +108,8 @@ LayoutCheck read_indexes(Relation table, Layout& l) {
       // Plain B-Tree and BRIN indexes only: other access methods keep per-index state across
       // inserts (ii_AmCache) that the executor cleans up; key_heap_write.cpp does it for BRIN.
       if ((index->rd_rel->relam != BTREE_AM_OID && index->rd_rel->relam != BRIN_AM_OID) ||
-          info->ii_Expressions != NIL ||
-          info->ii_Predicate != NIL || info->ii_ExclusionOps != nullptr ||
+          info->ii_Expressions != NIL || info->ii_Predicate != NIL ||
+          info->ii_ExclusionOps != nullptr ||
           (index->rd_index->indisunique && !index->rd_index->indimmediate))
         needs(l, route::ExecutorReason::kIndexKind);
       // The direct path probes the primary key only; the executor would check every unique
