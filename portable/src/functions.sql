@@ -1004,13 +1004,17 @@ COMMENT ON FUNCTION idempotency.checkpoint_key(text, uuid, text, text, interval)
 -- The key's life cycle (1.3.1; the C++ edition's 1.3, issue #37): look, forget, the policy
 -------------------------------------------------------------------------------
 
--- Whether another transaction, still open, holds the key lock of the caller's (scope, key): a
--- claim writing the key (a new one, or a take-over) holds it until its transaction ends. Read
--- from pg_locks, so that the question takes no lock at all: a lock taken even for a moment
--- would make a concurrent claim with wait 0 answer in_progress. The tag is key_lock_tag's;
--- without a committed secret the role has no claim whose lock could be found (its very first
--- claim, still open, is the one case this cannot see: that claim's secret is not committed).
-CREATE OR REPLACE FUNCTION idempotency.claimed_elsewhere(scope pg_catalog.text, key pg_catalog.text)
+-- Whether another transaction, still open, writes the caller's (scope, key): a claim writing
+-- the key (a new one, or a take-over) holds the key's lock until its transaction ends, and a
+-- transaction that updated, deleted or locked the row version seen (`writer`, its xmax: a
+-- completion, a release, a forget, the cleanup) holds the lock of its own transaction id.
+-- Read from pg_locks, so that the question takes no lock at all: a lock taken even for a
+-- moment would make a concurrent claim with wait 0 answer in_progress. The tag is
+-- key_lock_tag's; without a committed secret the role has no claim whose key lock could be
+-- found (its very first claim, still open, is the one case this cannot see: that claim's
+-- secret is not committed yet).
+CREATE OR REPLACE FUNCTION idempotency.claimed_elsewhere(scope pg_catalog.text, key pg_catalog.text,
+                                                         writer pg_catalog.xid)
 RETURNS pg_catalog.bool
 LANGUAGE plpgsql VOLATILE SECURITY INVOKER PARALLEL UNSAFE
 AS $$
@@ -1021,23 +1025,30 @@ DECLARE
   tag int8;
 BEGIN
   SELECT s.secret INTO role_secret FROM idempotency.role_secrets s WHERE s.owner = me;
-  IF NOT FOUND THEN
+  IF FOUND THEN
+    tag := ('x' || encode(substr(sha256(role_secret || convert_to(me, 'UTF8') || '\x00'::bytea
+                                        || convert_to(scope, 'UTF8') || '\x00'::bytea
+                                        || convert_to(key, 'UTF8')), 1, 8), 'hex'))::bit(64)::int8;
+  END IF;
+  IF writer = '0'::xid THEN
+    writer := NULL;  -- a version nobody updated, deleted or locked
+  END IF;
+  IF tag IS NULL AND writer IS NULL THEN
     RETURN false;
   END IF;
-  tag := ('x' || encode(substr(sha256(role_secret || convert_to(me, 'UTF8') || '\x00'::bytea
-                                      || convert_to(scope, 'UTF8') || '\x00'::bytea
-                                      || convert_to(key, 'UTF8')), 1, 8), 'hex'))::bit(64)::int8;
   -- An advisory lock on a bigint: classid the high 32 bits, objid the low, objsubid 1.
   RETURN EXISTS (SELECT FROM pg_locks l
-                  WHERE l.locktype = 'advisory' AND l.objsubid = 1 AND l.granted
-                    AND l.database = (SELECT d.oid FROM pg_database d WHERE d.datname = current_database())
-                    AND l.classid = ((tag >> 32) & 4294967295)::oid
-                    AND l.objid = (tag & 4294967295)::oid
-                    AND l.pid IS DISTINCT FROM pg_backend_pid());
+                  WHERE l.granted AND l.pid IS DISTINCT FROM pg_backend_pid()
+                    AND ((l.locktype = 'advisory' AND l.objsubid = 1
+                          AND l.database = (SELECT d.oid FROM pg_database d WHERE d.datname = current_database())
+                          AND l.classid = ((tag >> 32) & 4294967295)::oid
+                          AND l.objid = (tag & 4294967295)::oid)
+                         OR (l.locktype = 'transactionid' AND l.transactionid = writer)));
 END
 $$;
-COMMENT ON FUNCTION idempotency.claimed_elsewhere(text, text) IS
-  'Internal: whether another open transaction holds the key lock of the caller''s (scope, key), read from pg_locks without taking a lock.';
+COMMENT ON FUNCTION idempotency.claimed_elsewhere(text, text, xid) IS
+  'Internal: whether another open transaction holds the key lock of the caller''s (scope, key), '
+  'or is the writer (xmax) of the row version seen, read from pg_locks without taking a lock.';
 
 -- Look: what claim_key would answer now, deciding nothing: one read of the caller's row (as of
 -- the statement's snapshot) and of pg_locks; no write, no lock, no wait. claimed / reclaimed
@@ -1059,6 +1070,8 @@ DECLARE
   fp bytea := look_key.fingerprint;
   now_ts timestamptz;
   r idempotency.idempotency_keys;
+  seen record;
+  writer xid;
   answer idempotency.claim_result;
   me_oid oid;
   here int8;
@@ -1076,10 +1089,15 @@ BEGIN
   now_ts := clock_timestamp();
   -- A row of the caller's name stamped here by another role (an earlier role of this name) is
   -- absent for the caller, as for claim_key.
-  SELECT * INTO r FROM idempotency.idempotency_keys t
+  -- The row, and the transaction that updated, deleted or locked this version (xmax), if any.
+  SELECT t AS row_seen, t.xmax AS row_writer INTO seen FROM idempotency.idempotency_keys t
    WHERE t.key = k AND t.scope = sc AND t.owner = me
      AND (t.owner_oid IS NULL OR t.owner_system IS NULL OR t.owner_oid = me_oid OR t.owner_system <> here);
-  IF FOUND AND r.expires_at > now_ts THEN
+  IF FOUND THEN
+    r := seen.row_seen;
+    writer := seen.row_writer;
+  END IF;
+  IF r.key IS NOT NULL AND r.expires_at > now_ts THEN
     IF fp IS NOT NULL AND r.fingerprint IS NOT NULL AND r.fingerprint <> fp THEN
       RETURN idempotency.stored_answer('mismatch', r);
     END IF;
@@ -1093,18 +1111,18 @@ BEGIN
       RETURN answer;
     END IF;
     -- Released, or its lease ended: a claim would make attempt attempts + 1 from recovery_point,
-    -- unless another open transaction is taking it over.
-    IF NOT idempotency.claimed_elsewhere(sc, k) THEN
+    -- unless another open transaction takes it over, completes, releases or forgets it.
+    IF NOT idempotency.claimed_elsewhere(sc, k, writer) THEN
       answer := idempotency.stored_answer('reclaimed', r);
       answer.recovery_point := r.recovery_point;
       RETURN answer;
     END IF;
-  ELSIF NOT idempotency.claimed_elsewhere(sc, k) THEN
+  ELSIF NOT idempotency.claimed_elsewhere(sc, k, writer) THEN
     -- Absent or expired: a claim would take it; nothing of an old row is shown.
     RETURN ROW('claimed', NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL)::idempotency.claim_result;
   END IF;
-  -- Another open transaction claims the key (its lease not visible yet): as claim_key with
-  -- wait 0 would answer.
+  -- Another open transaction writes the key (a claim's lease not visible yet): as claim_key
+  -- with wait 0 would answer.
   RETURN ROW('in_progress', NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL,
              interval '1 second', NULL, NULL, NULL)::idempotency.claim_result;
 END
@@ -1153,7 +1171,7 @@ BEGIN
   IF NOT FOUND THEN
     -- None, or one another open transaction holds: its row locked, or a new claim's key lock.
     IF NOT EXISTS (SELECT FROM idempotency.idempotency_keys t WHERE t.key = k AND t.scope = sc AND t.owner = me)
-       AND NOT idempotency.claimed_elsewhere(sc, k) THEN
+       AND NOT idempotency.claimed_elsewhere(sc, k, NULL) THEN
       RETURN false;
     END IF;
     RAISE EXCEPTION 'idempotency key % is in progress', described USING ERRCODE = '55000',
