@@ -144,8 +144,8 @@ expect "after the update: the stuck-holders view counts the open claim" \
 expect "after the update: the holder completes with its token of before, with a response_ttl" \
   "$(q -U app_a -d upd13 -c "SELECT status || ' ' || response_dropped FROM idempotency.complete_key('held', '$held', '{\"held\": 1}', response_ttl => '1 min')")" "replay false"
 expect "after the update: complete_key has one signature, response_ttl last" \
-  "$(q -d upd13 -c "SELECT string_agg(oid::regprocedure::text, '; ') FROM pg_proc WHERE pronamespace = 'idempotency'::regnamespace AND proname = 'complete_key'")" \
-  "idempotency.complete_key(text,uuid,jsonb,integer,text,bytea,jsonb,interval)"
+  "$(q -d upd13 -c "SELECT string_agg(proname || '(' || oidvectortypes(proargtypes) || ')', '; ') FROM pg_proc WHERE pronamespace = 'idempotency'::regnamespace AND proname = 'complete_key'")" \
+  "complete_key(text, uuid, jsonb, integer, text, bytea, jsonb, interval)"
 expect "after the update: forget_key forgets the released key, and the next claim is claimed" \
   "$(q -U app_a -d upd13 -c "SELECT idempotency.forget_key('released')" -c "SELECT status FROM idempotency.claim_key('released')")" "t
 claimed"
