@@ -48,6 +48,9 @@ class Throttle {
   // pause that calls for, slept on the process latch (a stop request wakes it).
   void pause_after_batch(uint64 deleted);
 
+  // The CPU time this process has used so far, in microseconds (0 if unknown).
+  static int64 cpu_now_us();
+
   // For the round's summary: pauses made and their total length.
   int pauses() const { return pauses_; }
   int64 paused_ms() const { return paused_ms_; }
@@ -63,6 +66,13 @@ class Throttle {
   uint64 own_transactions_ = 0;  // batches since the last look (a transaction ID each)
   double cost_per_key_ = 0;      // of the last batch that deleted keys; 0: unknown
   int64 hits_ = 0, misses_ = 0, dirtied_ = 0;  // the buffer counters at the batch's start
+  TimestampTz batch_started_ = 0;              // the clock at the batch's start
+  int64 batch_cpu_started_us_ = 0;             // the process's CPU time then
+  // What the last look saw (logged): transaction IDs others took since the look before, and
+  // backends of the database with a snapshot.
+  uint64 others_xids_ = 0;
+  int others_snapshots_ = 0;
+  int batches_ = 0;  // batches of the run so far
   int pauses_ = 0;
   int64 paused_ms_ = 0;
 };
