@@ -29,6 +29,10 @@
 # CLEANUP_NICE (as root: the nice value of the server and pgbench, e.g. -10, so that other
 # work on the machine takes less of the CPU from the measurement; the worker, a child of the
 # server, runs at the same value as the claims, as on a production server),
+# CLEANUP_DATABASES (idempotency.databases: the databases the worker serves, 'bench'; empty:
+# every database, as before 2026-12-05: the database postgres, whose extension is there for
+# the benchmark's reads, then got a worker of its own at every 100 ms interval during the
+# windows with a cleanup, a process started 5 to 10 times a second beside the claims),
 # CLEANUP_CPUS (a CPU list for taskset, e.g. 0-1: the server and pgbench run on those CPUs).
 #
 # What the tail depends on is printed with the numbers: the machine (cores, load at the start
@@ -73,6 +77,7 @@ cluster_start "$DIR" "$PORT" \
   "checkpoint_timeout = '30min'" \
   "search_path = '\"\$user\", public, idempotency'" \
   "log_min_messages = debug2" \
+  "idempotency.databases = '${CLEANUP_DATABASES-bench}'" \
   "${extra_conf[@]}"
 cp "$HERE/cleanup/setup.sql" "$HERE/cleanup/claim.sql" "$DIR/"
 idem_is_root && chown postgres: "$DIR"/*.sql
@@ -266,7 +271,9 @@ batches="$(awk -v s="$window_s" -v rounds="$rounds" '
   $(awk '$9 == 1 { f++; fc += $6 } $9 > 1 { o++; oc += $6 } END {
       printf "on the CPU: a run'"'"'s first batch %.0f us (%d), the others %.0f us (means)", f ? fc / f : 0, f, o ? oc / o : 0 }' "$DIR/batches.txt")
   $(sed -nE 's/.*round of ([0-9]+) ms, ([0-9]+) keys deleted.* ([0-9]+) ms on CPU since the process started.*/\1 \2 \3/p' "$DIR/rounds.log" |
-    awk '{ n++; ms += $1; keys += $2; cpu += $3 } END { if (n) printf "a round (one process): %.0f ms, %.0f keys, %.1f ms on the CPU from the process'"'"'s start (means of %d)", ms / n, keys / n, cpu / n, n }')"
+    awk '{ n++; ms += $1; keys += $2; cpu += $3 } END { if (n) printf "a round (one process): %.0f ms, %.0f keys, %.1f ms on the CPU from the process'"'"'s start (means of %d)", ms / n, keys / n, cpu / n, n }')
+  $(sed -nE 's/.*cleanup of database ([0-9]+): round of ([0-9]+) ms.* ([0-9]+) ms on CPU since the process started.*/\1 \3/p' "$DIR/rounds.log" |
+    awk -v s="$window_s" '{ n[$1]++; cpu[$1] += $2 } END { printf "the workers on a CPU, by database:"; for (d in n) printf " %s: %d rounds, %.0f ms a second (%.1f%%);", d, n[d], cpu[d] / s, cpu[d] / s / 10 }')"
 mkdir -p "$(dirname "$OUT_FILE")" && cp "$DIR/batches.txt" "${OUT_FILE%.txt}-batches.txt" && cp "$DIR/rounds.log" "${OUT_FILE%.txt}-rounds.txt" || true
 
 summary="$(
