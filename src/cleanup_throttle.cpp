@@ -30,6 +30,13 @@ int pause_ms(double cost, bool busy, int cost_limit, int delay_ms) {
   return static_cast<int>(std::min<double>(std::ceil(pause), kMaxPauseMs));
 }
 
+int cpu_pause_ms(int64 cpu_us, bool busy, int share_percent) {
+  if (!busy || share_percent >= 100 || cpu_us <= 0) return 0;
+  const double pause_us =
+      static_cast<double>(cpu_us) * (100 - share_percent) / std::max(share_percent, 1);
+  return static_cast<int>(std::min<double>(std::ceil(pause_us / 1000), kMaxPauseMs));
+}
+
 int batch_rows(bool busy, int batch_size, int cost_limit, double cost_per_key) {
   if (!busy) return batch_size;
   const double per_key = cost_per_key > 0 ? cost_per_key : kFirstCostPerKey;
@@ -101,16 +108,23 @@ void Throttle::pause_after_batch(uint64 deleted) {
   if (deleted > 0) cost_per_key_ = cost / static_cast<double>(deleted);
   ++own_transactions_;
   const bool busy = others_work();
-  const int delay_ms = pause_ms(cost, busy, gucs::cleanup_cost_limit, gucs::cleanup_delay_ms);
+  // The CPU time since the last pause ended: the batch, the look, and before a run's first
+  // pause everything the process did since it started.
+  const int64 cpu_charged_us = cpu_now_us() - cpu_at_pause_end_us_;
+  const int cost_pause = pause_ms(cost, busy, gucs::cleanup_cost_limit, gucs::cleanup_delay_ms);
+  const int cpu_pause = cpu_pause_ms(cpu_charged_us, busy, gucs::cleanup_cpu_share);
+  const int delay_ms = std::max(cost_pause, cpu_pause);
   pg_call([&] {
     ereport(DEBUG2,
             (errmsg_internal("idempotency cleanup: batch of " UINT64_FORMAT
                              " keys, cost %.0f, other sessions %s, pause %d ms; took %ld us, "
                              "%ld us on CPU; seen: " UINT64_FORMAT
-                             " transactions of others, %d snapshots; batch %d of the run",
+                             " transactions of others, %d snapshots; batch %d of the run; "
+                             "CPU since the last pause %ld us, pause for the CPU share %d ms",
                              deleted, cost, busy ? "working" : "idle", delay_ms,
                              static_cast<long>(took_us), static_cast<long>(cpu_us),
-                             others_xids_, others_snapshots_, batches_)));
+                             others_xids_, others_snapshots_, batches_,
+                             static_cast<long>(cpu_charged_us), cpu_pause)));
     // The whole pause: a latch set for anything but a stop (a reload, a catch-up interrupt)
     // does not shorten it.
     const TimestampTz until = GetCurrentTimestamp() + int64{delay_ms} * 1000;
@@ -121,6 +135,7 @@ void Throttle::pause_after_batch(uint64 deleted) {
       ResetLatch(MyLatch);
     }
   });
+  cpu_at_pause_end_us_ = cpu_now_us();
   if (delay_ms > 0) {
     ++pauses_;
     paused_ms_ += delay_ms;

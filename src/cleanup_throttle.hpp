@@ -15,6 +15,16 @@
 // by a pause of cleanup_delay; on a server where nobody else works, batches are batch_size
 // keys and follow each other without pause.
 //
+// The budget counts buffers, not the work every batch does whatever its size (a transaction,
+// a snapshot, the installation's lookup, the statement's executor, a commit) nor the process's
+// start (a worker is a new process every round, about a second): at about 50 keys a batch
+// that fixed work is most of a batch's CPU, and on a slower machine the same budget takes a
+// larger share of a core. So while other sessions work the pause is also long enough that the
+// process's CPU time since its last pause (for the first, since the process started) is at
+// most idempotency.cleanup_cpu_share percent of the time: the worker's share of a core stays
+// bounded on any machine, measured on its CPU clock (which does not count the time it waits
+// for a core on a loaded machine).
+//
 // Other sessions work when, since the cleanup's last look, another transaction took a
 // transaction ID anywhere on the server (a write), or when, at the look, another backend of
 // the database holds a snapshot (a statement under way; neither the backend that waits for
@@ -31,6 +41,11 @@ namespace idem::cleanup {
 // the share of the budget the batch spent (vacuum_delay_point's rule), at most kMaxPauseMs;
 // none on a server where nobody else works, or with a delay of 0.
 int pause_ms(double cost, bool busy, int cost_limit, int delay_ms);
+
+// The pause after work that took `cpu_us` of the process's CPU time since its last pause,
+// while others work: long enough that this CPU time is share_percent of the whole (work and
+// pause), at most kMaxPauseMs; none at 100 percent, where nobody else works, or for no CPU.
+int cpu_pause_ms(int64 cpu_us, bool busy, int share_percent);
 
 // The keys the next batch may delete: batch_size where nobody else works; while others work,
 // what one budget buys at the cost per key measured so far (at least 1, at most batch_size).
@@ -68,6 +83,7 @@ class Throttle {
   int64 hits_ = 0, misses_ = 0, dirtied_ = 0;  // the buffer counters at the batch's start
   TimestampTz batch_started_ = 0;              // the clock at the batch's start
   int64 batch_cpu_started_us_ = 0;             // the process's CPU time then
+  int64 cpu_at_pause_end_us_ = 0;              // and at the end of the last pause (0: none yet)
   // What the last look saw (logged): transaction IDs others took since the look before, and
   // backends of the database with a snapshot.
   uint64 others_xids_ = 0;
