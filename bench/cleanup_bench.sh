@@ -250,8 +250,8 @@ waits=""
 # The worker's batches in the windows with a cleanup (the throttle's DEBUG2 lines).
 window_s=$((REPS * LATENCY_SECONDS))
 rounds="$(wc -l <"$DIR/rounds.log")"
-sed -E 's/.*batch of ([0-9]+) keys, cost ([0-9]+), other sessions ([a-z]+), pause ([0-9]+) ms; took ([0-9]+) us, ([0-9]+) us on CPU; seen: ([0-9]+) transactions of others, ([0-9]+) snapshots; batch ([0-9]+) of the run.*/\1 \2 \3 \4 \5 \6 \7 \8 \9/' \
-  "$DIR/batches.log" | awk 'NF == 9' >"$DIR/batches.txt"
+perl -ne 'print "$1 $2 $3 $4 $5 $6 $7 $8 $9 $10 $11\n" if /batch of (\d+) keys, cost (\d+), other sessions ([a-z]+), pause (\d+) ms; took (\d+) us, (\d+) us on CPU; seen: (\d+) transactions of others, (\d+) snapshots; batch (\d+) of the run; CPU since the last pause (\d+) us, pause for the CPU share (\d+) ms/' \
+  "$DIR/batches.log" >"$DIR/batches.txt"
 # pctl COLUMN: p50, p99 and max of a column of batches.txt
 pctl() {
   awk -v c="$1" '{ print $c }' "$DIR/batches.txt" | sort -n |
@@ -259,12 +259,13 @@ pctl() {
       printf "p50 %d / p99 %d / max %d us", v[a], v[b], v[NR] }'
 }
 batches="$(awk -v s="$window_s" -v rounds="$rounds" '
-    { n++; keys += $1; if ($3 == "working") busy++; paused += $4; xids += $7; snaps += $8; cpu += $6 }
+    { n++; keys += $1; if ($3 == "working") busy++; paused += $4; xids += $7; snaps += $8; cpu += $6
+      if ($11 > 0 && $11 >= $4) by_cpu++ }
     END {
       if (n == 0) { print "  (no batch logged)"; exit }
       printf "  %d batches in %d s (%.0f a second, in %d rounds), %d saw others working; %.0f keys a batch\n", n, s, n / s, rounds, busy, keys / n
       printf "  seen at each look (means): %.0f transactions of others since the last, %.2f snapshots\n", xids / n, snaps / n
-      printf "  paused %.0f ms a second; the worker on a CPU %.1f%% of the time\n", paused / s, 100 * cpu / (s * 1e6)
+      printf "  paused %.0f ms a second (%d pauses set by the CPU share); the batches on a CPU %.1f%% of the time\n", paused / s, by_cpu, 100 * cpu / (s * 1e6)
     }' "$DIR/batches.txt")"
 [[ -s $DIR/batches.txt ]] && batches+="
   a batch took $(pctl 5) on the clock, $(pctl 6) on the CPU

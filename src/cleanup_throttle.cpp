@@ -45,7 +45,9 @@ int batch_rows(bool busy, int batch_size, int cost_limit, double cost_per_key) {
 }
 
 Throttle::Throttle(pid_t requester)
-    : requester_(requester), next_xid_(ReadNextFullTransactionId()) {}
+    : requester_(requester),
+      next_xid_(ReadNextFullTransactionId()),
+      cpu_at_pause_end_us_(cpu_now_us()) {}
 
 // The CPU time this process has used, in microseconds (0 if the clock cannot be read).
 int64 Throttle::cpu_now_us() {
@@ -108,8 +110,8 @@ void Throttle::pause_after_batch(uint64 deleted) {
   if (deleted > 0) cost_per_key_ = cost / static_cast<double>(deleted);
   ++own_transactions_;
   const bool busy = others_work();
-  // The CPU time since the last pause ended: the batch, the look, and before a run's first
-  // pause everything the process did since it started.
+  // The CPU time since the last pause ended (the first time: since the run started): the
+  // batch with its transaction, lookups and commit, and the look.
   const int64 cpu_charged_us = cpu_now_us() - cpu_at_pause_end_us_;
   const int cost_pause = pause_ms(cost, busy, gucs::cleanup_cost_limit, gucs::cleanup_delay_ms);
   const int cpu_pause = cpu_pause_ms(cpu_charged_us, busy, gucs::cleanup_cpu_share);

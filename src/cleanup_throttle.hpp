@@ -16,14 +16,16 @@
 // keys and follow each other without pause.
 //
 // The budget counts buffers, not the work every batch does whatever its size (a transaction,
-// a snapshot, the installation's lookup, the statement's executor, a commit) nor the process's
-// start (a worker is a new process every round, about a second): at about 50 keys a batch
-// that fixed work is most of a batch's CPU, and on a slower machine the same budget takes a
-// larger share of a core. So while other sessions work the pause is also long enough that the
-// process's CPU time since its last pause (for the first, since the process started) is at
-// most idempotency.cleanup_cpu_share percent of the time: the worker's share of a core stays
-// bounded on any machine, measured on its CPU clock (which does not count the time it waits
-// for a core on a loaded machine).
+// a snapshot, the installation's lookup, the statement's executor, a commit): at about 50 keys
+// a batch that fixed work is most of a batch's CPU, and on a slower machine the same budget
+// takes a larger share of a core. So while other sessions work the pause is also long enough
+// that the process's CPU time since its last pause (for the first, since the run started) is
+// at most idempotency.cleanup_cpu_share percent of the time: the batches' share of a core
+// stays bounded on any machine, measured on the process's CPU clock (which does not count
+// the time it waits for a core on a loaded machine). The process's start is not charged: a
+// round is a new process whatever the pauses (about a second each while keys are left), so a
+// pause for it would only cut the round's batches, not the starts (bench/cleanup_bench.sh
+// prints their CPU).
 //
 // Other sessions work when, since the cleanup's last look, another transaction took a
 // transaction ID anywhere on the server (a write), or when, at the look, another backend of
@@ -83,7 +85,7 @@ class Throttle {
   int64 hits_ = 0, misses_ = 0, dirtied_ = 0;  // the buffer counters at the batch's start
   TimestampTz batch_started_ = 0;              // the clock at the batch's start
   int64 batch_cpu_started_us_ = 0;             // the process's CPU time then
-  int64 cpu_at_pause_end_us_ = 0;              // and at the end of the last pause (0: none yet)
+  int64 cpu_at_pause_end_us_ = 0;              // and at the end of the last pause (or the run's start)
   // What the last look saw (logged): transaction IDs others took since the look before, and
   // backends of the database with a snapshot.
   uint64 others_xids_ = 0;

@@ -63,8 +63,8 @@ void define_cleanup() {
   DefineCustomIntVariable(
       "idempotency.cleanup_cpu_share",
       "Most of a CPU, in percent, the cleanup uses while other sessions work.",
-      "Measured on the process's CPU clock, its start and every batch's fixed work included; "
-      "after a batch the cleanup pauses long enough to stay under it. 100 = no such limit.",
+      "Measured on the process's CPU clock, every batch's fixed work included; after a batch "
+      "the cleanup pauses long enough to stay under it. 100 = no such limit.",
       &cleanup_cpu_share, 5, 1, 100, PGC_SIGHUP, 0, nullptr, nullptr, nullptr);
   DefineCustomStringVariable("idempotency.databases",
                              "Databases the cleanup worker serves (empty: every database).",
