@@ -124,9 +124,9 @@ void Throttle::pause_after_batch(uint64 deleted) {
                              " transactions of others, %d snapshots; batch %d of the run; "
                              "CPU since the last pause %ld us, pause for the CPU share %d ms",
                              deleted, cost, busy ? "working" : "idle", delay_ms,
-                             static_cast<long>(took_us), static_cast<long>(cpu_us),
-                             others_xids_, others_snapshots_, batches_,
-                             static_cast<long>(cpu_charged_us), cpu_pause)));
+                             static_cast<long>(took_us), static_cast<long>(cpu_us), others_xids_,
+                             others_snapshots_, batches_, static_cast<long>(cpu_charged_us),
+                             cpu_pause)));
     // The whole pause: a latch set for anything but a stop (a reload, a catch-up interrupt)
     // does not shorten it.
     const TimestampTz until = GetCurrentTimestamp() + int64{delay_ms} * 1000;

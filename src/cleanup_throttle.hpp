@@ -85,7 +85,7 @@ class Throttle {
   int64 hits_ = 0, misses_ = 0, dirtied_ = 0;  // the buffer counters at the batch's start
   TimestampTz batch_started_ = 0;              // the clock at the batch's start
   int64 batch_cpu_started_us_ = 0;             // the process's CPU time then
-  int64 cpu_at_pause_end_us_ = 0;              // and at the end of the last pause (or the run's start)
+  int64 cpu_at_pause_end_us_ = 0;              // at the last pause's end (or the run's start)
   // What the last look saw (logged): transaction IDs others took since the look before, and
   // backends of the database with a snapshot.
   uint64 others_xids_ = 0;
