@@ -259,11 +259,12 @@ pctl() {
       printf "p50 %d / p99 %d / max %d us", v[a], v[b], v[NR] }'
 }
 batches="$(awk -v s="$window_s" -v rounds="$rounds" '
-    { n++; keys += $1; if ($3 == "working") busy++; paused += $4; xids += $7; snaps += $8; cpu += $6
+    { n++; keys += $1; if ($3 == "working") { busy++; busy_keys += $1 }; paused += $4; xids += $7; snaps += $8; cpu += $6
       if ($11 > 0 && $11 >= $4) by_cpu++ }
     END {
       if (n == 0) { print "  (no batch logged)"; exit }
       printf "  %d batches in %d s (%.0f a second, in %d rounds), %d saw others working; %.0f keys a batch\n", n, s, n / s, rounds, busy, keys / n
+      printf "  keys deleted by the batches that saw others working: %.0f a second (the others ran before the clients'"'"' first claims)\n", busy_keys / s
       printf "  seen at each look (means): %.0f transactions of others since the last, %.2f snapshots\n", xids / n, snaps / n
       printf "  paused %.0f ms a second (%d pauses set by the CPU share); the batches on a CPU %.1f%% of the time\n", paused / s, by_cpu, 100 * cpu / (s * 1e6)
     }' "$DIR/batches.txt")"
