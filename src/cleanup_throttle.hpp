@@ -11,8 +11,9 @@
 // for bigger writes (WALWrite). One batch of 5000 keys was a burst of about 10 ms of a core
 // and 1.3 MB of WAL, followed by a pause as long: a claim that came during a burst waited for
 // it. So while other sessions work, a batch is cut to what one budget buys (at the default
-// limit of 200, about 50 keys: a tenth of a millisecond, below a claim's own p99) and followed
-// by a pause of cleanup_delay; on a server where nobody else works, batches are batch_size
+// limit of 200, about 50 keys, whose deletions are a tenth of a millisecond; with the
+// batch's fixed work about 0.3 ms of CPU, measured in 2026-12) and followed by a pause of
+// cleanup_delay; on a server where nobody else works, batches are batch_size
 // keys and follow each other without pause.
 //
 // The budget counts buffers, not the work every batch does whatever its size (a transaction,
