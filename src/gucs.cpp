@@ -18,7 +18,7 @@ int cleanup_interval_ms = 60 * 1000;
 int cleanup_batch_size = 5000;
 int cleanup_delay_ms = 5;
 int cleanup_cost_limit = 200;
-int cleanup_cpu_share = 5;
+int cleanup_cpu_share = 100;
 char* databases = nullptr;
 bool executor_path = false;
 bool result_scan = true;
@@ -65,7 +65,7 @@ void define_cleanup() {
       "Most of a CPU, in percent, the cleanup uses while other sessions work.",
       "Measured on the process's CPU clock, every batch's fixed work included; after a batch "
       "the cleanup pauses long enough to stay under it. 100 = no such limit.",
-      &cleanup_cpu_share, 5, 1, 100, PGC_SIGHUP, 0, nullptr, nullptr, nullptr);
+      &cleanup_cpu_share, 100, 1, 100, PGC_SIGHUP, 0, nullptr, nullptr, nullptr);
   DefineCustomStringVariable("idempotency.databases",
                              "Databases the cleanup worker serves (empty: every database).",
                              "A comma-separated list of database names.", &databases, "",

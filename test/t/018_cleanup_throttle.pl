@@ -22,8 +22,8 @@ $node->append_conf('postgresql.conf', qq{
 shared_preload_libraries = 'idempotency'
 idempotency.cleanup_cost_limit = $limit
 idempotency.cleanup_delay = '${delay}ms'
-# The CPU share's pauses are checked at the end (it is off until then: the pauses checked
-# first are the budget's alone).
+# The CPU share's pauses are checked at the end (off until then, as by default: the pauses
+# checked first are the budget's alone).
 idempotency.cleanup_cpu_share = 100
 log_min_messages = debug2
 # Nobody but the test's sessions holds a snapshot in its databases: no autovacuum (an ANALYZE
