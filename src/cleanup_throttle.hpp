@@ -21,11 +21,11 @@
 // a batch that fixed work is most of a batch's CPU, and on a slower machine the same budget
 // takes a larger share of a core. So while other sessions work the pause is also long enough
 // that the process's CPU time since its last pause (for the first, since the run started) is
-// at most idempotency.cleanup_cpu_share percent of the time (100 by default: no limit): the batches' share of a core
-// stays bounded on any machine, measured on the process's CPU clock (which does not count
-// the time it waits for a core on a loaded machine). The process's start is not charged: a
-// round is a new process whatever the pauses (about a second each while keys are left), so a
-// pause for it would only cut the round's batches, not the starts (bench/cleanup_bench.sh
+// at most idempotency.cleanup_cpu_share percent of the time (100 by default: no limit): the
+// batches' share of a core stays bounded on any machine, measured on the process's CPU clock (which
+// does not count the time it waits for a core on a loaded machine). The process's start is not
+// charged: a round is a new process whatever the pauses (about a second each while keys are left),
+// so a pause for it would only cut the round's batches, not the starts (bench/cleanup_bench.sh
 // prints their CPU).
 //
 // Other sessions work when, since the cleanup's last look, another transaction took a
