@@ -39,8 +39,10 @@ bool serialization_conflict(Relation table, TupleTableSlot* slot) {
 }
 
 Relation OpenTable::table() {
-  if (table_ == nullptr) pg_call([&] { table_ = table_open(oid_, RowExclusiveLock); });
+  const bool opening = table_ == nullptr;
+  if (opening) pg_call([&] { table_ = table_open(oid_, RowExclusiveLock); });
   (void)key_layout::of(table_);  // a reload (after an invalidation) is checked again
+  if (opening) route_.table_opened(table_);
   return table_;
 }
 

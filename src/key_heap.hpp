@@ -35,9 +35,10 @@ namespace idem::key_heap {
 // closed by close() when the call ends. An error leaves them to the transaction's abort,
 // which closes relations and releases locks. Opening per step cost about 2,000 instructions
 // a step (a local lock-table probe and a relcache lookup each), a tenth of a replay.
+// It also carries the call's route (route.hpp), completed when the table is first opened.
 class OpenTable {
  public:
-  explicit OpenTable(Oid table) : oid_(table) {}
+  OpenTable(Oid table, const route::Route& route) : oid_(table), route_(route) {}
   // Closes nothing: close() does at the call's end, transaction abort after an error.
   ~OpenTable() = default;
   OpenTable(const OpenTable&) = delete;
@@ -46,7 +47,10 @@ class OpenTable {
   OpenTable& operator=(OpenTable&&) = delete;
 
   Oid oid() const { return oid_; }
+  // The call's route; its table part is known once table() has been called.
+  const route::Route& route() const { return route_; }
   // The table, its layout checked (key_layout::of: refuses a table this version cannot use).
+  // Its first opening in the call completes the route.
   Relation table();
   // The primary key (opened with the table's other indexes left closed).
   Relation primary_key();
@@ -64,6 +68,7 @@ class OpenTable {
   int primary_key_position();
 
   Oid oid_;
+  route::Route route_;
   Relation table_ = nullptr;
   int index_count_ = 0;  // indexes_[0 .. index_count_) follow the layout's order
   Relation indexes_[key_layout::kMaxIndexes] = {};

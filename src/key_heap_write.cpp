@@ -11,17 +11,16 @@ namespace {
 using key_layout::kMaxAttributes;
 using namespace key_store;  // NOLINT(google-build-using-namespace): the column names
 
-// Opens the table for `command`; false when the executor must do the write (the table
-// needs its machinery, or a privilege is missing: the executor then reports it). The
-// indexes are opened by open_indexes, when the write needs them.
+// Opens the table for `command`; false when the executor must do the write (the call's
+// route says the table needs its machinery, or a privilege is missing: the executor then
+// reports it). The indexes are opened by open_indexes, when the write needs them.
 bool open_writer(OpenTable& open, AclMode privileges, const char* command) {
   pg_call([&] {
     PreventCommandIfReadOnly(command);
     PreventCommandIfParallelMode(command);
   });
-  Relation table = open.table();
-  return pg_call([&] { return route::write_reason(table) == route::ExecutorReason::kNone; }) &&
-         open.owner_may(privileges);
+  (void)open.table();
+  return open.route().direct_writes() && open.owner_may(privileges);
 }
 
 // Adds the index entries of the heap tuple at `tid` (whose columns are values / nulls),

@@ -2,7 +2,6 @@
 // (see key_store.hpp).
 #include "key_store.hpp"
 
-#include "gucs.hpp"
 #include "key_heap.hpp"
 #include "key_layout.hpp"
 #include "route.hpp"
@@ -279,7 +278,9 @@ void on_load() {
 }
 
 Session::Session(Oid table, caller::ActingAsOwner& acting)
-    : caller_context_(CurrentMemoryContext), open_table_(table), acting_(acting) {}
+    : caller_context_(CurrentMemoryContext),
+      open_table_(table, route::Route::of_call()),
+      acting_(acting) {}
 
 void Session::connect() {
   if (connected_) return;
@@ -315,7 +316,7 @@ void Session::finish() {
 std::optional<KeyRow> Session::peek(text* owner, text* scope, text* key, bool* absent,
                                     bool fresh_snapshot) {
   *absent = false;
-  if (!route::direct_path() || !ActiveSnapshotSet()) {
+  if (!open_table_.route().direct_reads()) {
     // At READ COMMITTED every look takes a new snapshot, as the direct look decides an
     // undecided version with one.
     std::optional<KeyRow> row =
@@ -384,7 +385,7 @@ Session::Look Session::look(text* owner, text* scope, text* key,
   Look result;
   // The superuser's switch idempotency.executor_path sends this read through the executor
   // too, so that the tests of the executor path cover what Citus and the executor hooks use.
-  if (route::direct_path() && !gucs::executor_path && ActiveSnapshotSet()) {
+  if (open_table_.route().direct_looks()) {
     result.held_by_open_transaction =
         key_heap::written_by_open_transaction(open_table_, owner, scope, key);
     result.row = key_heap::find(open_table_, owner, scope, key, caller_context_, true);
@@ -454,7 +455,7 @@ uint64 Session::execute_claim(int plan, text* scope, text* key, const ClaimValue
 Session::Insert Session::insert_unlocked(text* scope, text* key, const ClaimValues& claim,
                                          RowAddress* where, bool known_absent) {
   *where = kNowhere;
-  if (!route::direct_path()) return Insert::kNeedsLock;
+  if (!open_table_.route().may_write_directly()) return Insert::kNeedsLock;
   switch (key_heap::insert(open_table_, scope, key, claim, where, known_absent)) {
     case key_heap::InsertResult::kInserted:
       return Insert::kInserted;
@@ -487,7 +488,7 @@ KeyRow Session::reclaim(text* scope, text* key, const ClaimValues& claim) {
 std::optional<KeyRow> Session::complete(text* scope, text* key, const pg_uuid_t& token,
                                         const Owner& owner, const Outcome& outcome, TimestampTz now,
                                         TimestampTz expires_at, const RowAddress& where) {
-  if (where.valid() && route::direct_path()) {
+  if (where.valid() && open_table_.route().may_write_directly()) {
     if (std::optional<KeyRow> row = key_heap::complete(open_table_, where, scope, key, token, owner,
                                                        outcome, now, expires_at, caller_context_))
       return row;
