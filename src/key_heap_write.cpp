@@ -104,8 +104,8 @@ enum class Found { kNothing, kRow, kOpenClaim };
 Found probe_dirty(Relation table, Relation primary_key, text* owner, text* scope, text* key) {
   TupleTableSlot* slot = table_slot_create(table, nullptr);
   SnapshotData dirty;
-  InitDirtySnapshot(dirty);
-  bool exists = probe(table, primary_key, &dirty, owner, scope, key, slot);
+  bool exists =
+      probe(table, primary_key, snapshot_of(Read::kDirty, &dirty), owner, scope, key, slot);
   // The inserter of the version found, when its transaction is still open (never ours:
   // the dirty snapshot leaves xmin unset for this transaction's own versions).
   const bool open_insert = exists && TransactionIdIsValid(dirty.xmin);
@@ -279,8 +279,9 @@ std::optional<KeyRow> complete(OpenTable& open, const key_store::RowAddress& whe
     HeapTupleData old;
     old.t_self = where.tid;
     Buffer buffer = InvalidBuffer;
-    // SnapshotSelf: the version this transaction sees now; an updated or deleted one is not.
-    if (!heap_fetch(table, SnapshotSelf, &old, &buffer, false)) return false;
+    // Read::kSelf: the version this transaction sees now; an updated or deleted one is not.
+    if (!heap_fetch(table, snapshot_of(Read::kSelf, nullptr), &old, &buffer, false))
+      return false;
     heap_deform_tuple(&old, desc, values, nulls);
     if (!holds(values, nulls, token, owner, scope, key, now)) {
       ReleaseBuffer(buffer);

@@ -314,21 +314,22 @@ void Session::finish() {
 }
 
 std::optional<KeyRow> Session::peek(text* owner, text* scope, text* key, bool* absent,
-                                    bool fresh_snapshot) {
+                                    Read read) {
   *absent = false;
+  const bool after_wait = read == Read::kLatest;
   if (!open_table_.route().direct_reads()) {
     // At READ COMMITTED every look takes a new snapshot, as the direct look decides an
     // undecided version with one.
     std::optional<KeyRow> row =
-        find(owner, scope, key, fresh_snapshot || !IsolationUsesXactSnapshot());
+        find(owner, scope, key, IsolationUsesXactSnapshot() ? read : Read::kLatest);
     // A snapshot transaction that waited, reading through the executor: it would never see
     // the holder's end, so where a version committed after its snapshot exists it gets 40001
     // (as the direct look raises it) instead of sleeping out its wait; the key is read again
     // as of now. A first look answers as a SELECT would. This transaction's own writes are no
     // conflict and need no exception: both reads see them alike (same command id, and a
     // version of the current transaction is judged by command id alone).
-    if (fresh_snapshot && IsolationUsesXactSnapshot() && ActiveSnapshotSet()) {
-      const std::optional<KeyRow> now = find_as_of_now(owner, scope, key);
+    if (after_wait && IsolationUsesXactSnapshot() && ActiveSnapshotSet()) {
+      const std::optional<KeyRow> now = find(owner, scope, key, Read::kNow);
       if (!same_version(row, now)) pg_call([&] { raise_committed_after_snapshot(key); });
     }
     return row;
@@ -341,24 +342,26 @@ std::optional<KeyRow> Session::peek(text* owner, text* scope, text* key, bool* a
     case key_heap::Seen::kRow:
       break;
     case key_heap::Seen::kUndecided:
-      return key_heap::find(open_table_, owner, scope, key, caller_context_, true);
+      return key_heap::find(open_table_, owner, scope, key, caller_context_, Read::kLatest);
   }
   // The dirty look takes no predicate lock; under SERIALIZABLE the same row (or the absence
   // of one) is read again by an MVCC probe that takes them, as a SELECT would.
   if (IsolationIsSerializable())
-    row = key_heap::find(open_table_, owner, scope, key, caller_context_);
+    row = key_heap::find(open_table_, owner, scope, key, caller_context_, Read::kStatement);
   return row;
 }
 
-std::optional<KeyRow> Session::find(text* owner, text* scope, text* key, bool fresh_snapshot) {
+std::optional<KeyRow> Session::find(text* owner, text* scope, text* key, Read read) {
   Datum values[] = {PointerGetDatum(scope), PointerGetDatum(key), PointerGetDatum(owner)};
-  bool read_only = !fresh_snapshot && ActiveSnapshotSet();
+  if (read == Read::kNow) return find_as_of_now(values);
+  // read_only: SPI runs the statement with the active snapshot (the statement's); else with a
+  // new one (at READ COMMITTED; the transaction's own at the snapshot levels).
+  bool read_only = read == Read::kStatement && ActiveSnapshotSet();
   if (execute(kFind, values, nullptr, read_only, 1) == 0) return std::nullopt;
   return decode(0, caller_context_);
 }
 
-std::optional<KeyRow> Session::find_as_of_now(text* owner, text* scope, text* key) {
-  Datum values[] = {PointerGetDatum(scope), PointerGetDatum(key), PointerGetDatum(owner)};
+std::optional<KeyRow> Session::find_as_of_now(Datum* values) {
   connect();
   // The latest snapshot with the current command id: it sees this transaction's own writes of
   // earlier commands as the look it is compared with does (an earlier element of the same
@@ -388,12 +391,12 @@ Session::Look Session::look(text* owner, text* scope, text* key,
   if (open_table_.route().direct_looks()) {
     result.held_by_open_transaction =
         key_heap::written_by_open_transaction(open_table_, owner, scope, key);
-    result.row = key_heap::find(open_table_, owner, scope, key, caller_context_, true);
+    result.row = key_heap::find(open_table_, owner, scope, key, caller_context_, Read::kLatest);
     return result;
   }
   Datum values[] = {PointerGetDatum(scope), PointerGetDatum(key), PointerGetDatum(owner)};
-  // A new snapshot at READ COMMITTED (as peek() after waiting), the transaction's own in a
-  // snapshot transaction.
+  // Read::kLatest (as peek() after waiting): not read_only, so SPI takes a new snapshot at READ
+  // COMMITTED, the transaction's own in a snapshot transaction.
   if (execute(kLook, values, nullptr, false, 1) > 0) {
     TransactionId xmax = InvalidTransactionId;
     result.row = decode(0, caller_context_, &xmax);
