@@ -27,6 +27,7 @@
 #include "responses.hpp"
 #include "stats.hpp"
 #include "uuid_v7.hpp"
+#include "pg/errors.hpp"
 
 namespace idem::claim_protocol {
 namespace {
@@ -338,12 +339,11 @@ bool forget(Session& store, const KeyName& name, const std::optional<pg_uuid_t>&
   const bool live_claim = !expired && !locked->completed && locked->lease_token &&
                           locked->locked_until && *locked->locked_until > now;
   if (live_claim && !token)
-    throw Error(
-        ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE,
-        "idempotency key " + name.describe() + " is held by a live claim",
-        "The claim's lease ends at " +
-            std::string(pg_call([&] { return timestamptz_to_str(*locked->locked_until); })) + ".",
-        "Pass the claim's token to forget it, or release or complete it first.");
+    throw Error(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE,
+                "idempotency key " + name.describe() + " is held by a live claim",
+                "The claim's lease ends at " +
+                    std::string(pg::errors::timestamp_text(*locked->locked_until)) + ".",
+                "Pass the claim's token to forget it, or release or complete it first.");
   if (!store.remove(caller.name, name.scope, name.key)) return false;
   stats::count(stats::kForgotten);
   // Waiters on a claim that is gone now claim the key at once.

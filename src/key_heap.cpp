@@ -135,9 +135,8 @@ namespace {
 // `take` gets the table and the slot holding the version found (nullptr when there is none)
 // and says whether that version is the row to decode into `*row`.
 template <typename Take>
-void read_key(OpenTable& open, text* owner, text* scope, text* key, Read read,
-              SnapshotData* dirty, MemoryContext context, std::optional<KeyRow>* row,
-              Take&& take) {
+void read_key(OpenTable& open, text* owner, text* scope, text* key, Read read, SnapshotData* dirty,
+              MemoryContext context, std::optional<KeyRow>* row, Take&& take) {
   // No privilege check, unlike the writes: every caller acts as the extension owner, who owns
   // the table (caller.hpp); the caller's own rights are never what reads it.
   // The table and the primary key are locked as an INSERT locks them (claim_key may write

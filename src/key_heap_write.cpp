@@ -280,8 +280,7 @@ std::optional<KeyRow> complete(OpenTable& open, const key_store::RowAddress& whe
     old.t_self = where.tid;
     Buffer buffer = InvalidBuffer;
     // Read::kSelf: the version this transaction sees now; an updated or deleted one is not.
-    if (!heap_fetch(table, snapshot_of(Read::kSelf, nullptr), &old, &buffer, false))
-      return false;
+    if (!heap_fetch(table, snapshot_of(Read::kSelf, nullptr), &old, &buffer, false)) return false;
     heap_deform_tuple(&old, desc, values, nulls);
     if (!holds(values, nulls, token, owner, scope, key, now)) {
       ReleaseBuffer(buffer);

@@ -5,6 +5,11 @@
 #include "key_heap.hpp"
 #include "key_layout.hpp"
 #include "route.hpp"
+#include "pg/catalog.hpp"
+#include "pg/errors.hpp"
+#include "pg/snapshots.hpp"
+#include "pg/spi.hpp"
+#include "pg/transactions.hpp"
 #include "pg_boundary.hpp"
 
 namespace idem::key_store {
@@ -175,27 +180,22 @@ void forget_plans(Datum, SyscacheId, uint32) {
 // Requires an open SPI connection.
 void prepare_plans(Oid table) {
   for (SPIPlanPtr& plan : cache.plans) {
-    if (plan != nullptr) pg_call([&] { SPI_freeplan(plan); });
+    if (plan != nullptr) pg::spi::free_plan(plan);
     plan = nullptr;
   }
   cache.table = InvalidOid;
   // A 1.0 / 1.1 table (Citus, or a hook that keeps the direct path off) gets the direct
   // path's 55000, not a statement's error about a column it lacks.
-  if (pg_call([&] { return get_atttype(table, get_attnum(table, "owner")) == REGROLEOID; }))
-    key_layout::reject_old_table();
-  if (pg_call([&] { return get_attnum(table, "owner_oid") == InvalidAttrNumber; }))
-    key_layout::reject_unstamped_table();
+  if (pg::catalog::column_type(table, "owner") == REGROLEOID) key_layout::reject_old_table();
+  if (!pg::catalog::has_column(table, "owner_oid")) key_layout::reject_unstamped_table();
   const std::string name = qualified_name(table);
   for (int id = 0; id < kPlanCount; ++id) {
     PlanSpec spec = spec_of(static_cast<PlanId>(id), name);
-    SPIPlanPtr plan = pg_call([&] {
-      return SPI_prepare_cursor(spec.sql.c_str(), static_cast<int>(spec.argument_types.size()),
-                                spec.argument_types.data(), CURSOR_OPT_GENERIC_PLAN);
-    });
+    SPIPlanPtr plan = pg::spi::prepare_kept(
+        spec.sql.c_str(), static_cast<int>(spec.argument_types.size()), spec.argument_types.data());
     if (plan == nullptr)
       throw Error(ERRCODE_INTERNAL_ERROR, "could not prepare a statement on idempotency_keys",
                   SPI_result_code_string(SPI_result));
-    pg_call([&] { SPI_keepplan(plan); });
     cache.plans[id] = plan;
   }
   cache.table = table;
@@ -207,13 +207,8 @@ void prepare_plans(Oid table) {
 uint64 run(PlanId id, Datum* values, const char* nulls, bool read_only, long limit) {
   // The previous result was decoded (copied) already: free it, or a batch's results would
   // pile up in the SPI connection's memory until it closes.
-  if (SPI_tuptable != nullptr) pg_call([] { SPI_freetuptable(SPI_tuptable); });
-  MemoryContext caller_context = CurrentMemoryContext;
-  int rc = pg_call([&] {
-    int result = SPI_execute_plan(cache.plans[id], values, nulls, read_only, limit);
-    MemoryContextSwitchTo(caller_context);
-    return result;
-  });
+  pg::spi::free_result();
+  const int rc = pg::spi::execute_plan(cache.plans[id], values, nulls, read_only, limit);
   if (rc < 0)
     throw Error(ERRCODE_INTERNAL_ERROR, "idempotency_keys statement failed",
                 SPI_result_code_string(rc));
@@ -235,7 +230,7 @@ KeyRow decode(uint64 index, MemoryContext context, TransactionId* xmax = nullptr
                 "a statement on idempotency_keys returned columns of unexpected types", {},
                 "Drop and create the extension idempotency again.");
   auto column = [&](int number, bool* is_null) {
-    return SPI_getbinval(tuple, desc, number, is_null);  // pg: a column of the checked shape
+    return pg::spi::column_unchecked(tuple, desc, number, is_null);
   };
   bool is_null = false;
   if (xmax != nullptr) {
@@ -267,14 +262,11 @@ bool same_version(const std::optional<KeyRow>& a, const std::optional<KeyRow>& b
 }  // namespace
 
 std::string qualified_name(Oid table) {
-  return pg_call([&] {
-    return static_cast<const char*>(quote_qualified_identifier(
-        get_namespace_name(get_rel_namespace(table)), get_rel_name(table)));
-  });
+  return pg::catalog::qualified_relation_name(table);
 }
 
 void on_load() {
-  CacheRegisterSyscacheCallback(ENUMOID, forget_plans, 0);
+  pg::catalog::on_syscache_change(ENUMOID, forget_plans);
 }
 
 Session::Session(Oid table, caller::ActingAsOwner& acting)
@@ -285,13 +277,7 @@ Session::Session(Oid table, caller::ActingAsOwner& acting)
 void Session::connect() {
   if (connected_) return;
   acting_.pin_search_path();
-  MemoryContext caller_context = CurrentMemoryContext;
-  int rc = pg_call([&] {
-    int result = SPI_connect();
-    MemoryContextSwitchTo(caller_context);  // see run()
-    return result;
-  });
-  if (rc != SPI_OK_CONNECT) throw Error(ERRCODE_INTERNAL_ERROR, "SPI_connect failed");
+  if (!pg::spi::connect()) throw Error(ERRCODE_INTERNAL_ERROR, "SPI_connect failed");
   connected_ = true;
   if (cache.table != open_table_.oid()) prepare_plans(open_table_.oid());
 }
@@ -310,11 +296,10 @@ void Session::finish() {
   if (finished_) return;
   finished_ = true;
   open_table_.close();
-  if (connected_) pg_call([] { SPI_finish(); });
+  if (connected_) pg::spi::finish();
 }
 
-std::optional<KeyRow> Session::peek(text* owner, text* scope, text* key, bool* absent,
-                                    Read read) {
+std::optional<KeyRow> Session::peek(text* owner, text* scope, text* key, bool* absent, Read read) {
   *absent = false;
   const bool after_wait = read == Read::kLatest;
   if (!open_table_.route().direct_reads()) {
@@ -330,7 +315,7 @@ std::optional<KeyRow> Session::peek(text* owner, text* scope, text* key, bool* a
     // version of the current transaction is judged by command id alone).
     if (after_wait && IsolationUsesXactSnapshot() && ActiveSnapshotSet()) {
       const std::optional<KeyRow> now = find(owner, scope, key, Read::kNow);
-      if (!same_version(row, now)) pg_call([&] { raise_committed_after_snapshot(key); });
+      if (!same_version(row, now)) pg::errors::committed_after_snapshot(key);
     }
     return row;
   }
@@ -367,13 +352,13 @@ std::optional<KeyRow> Session::find_as_of_now(Datum* values) {
   // earlier commands as the look it is compared with does (an earlier element of the same
   // batch, or an earlier call in the same statement, claimed the key), so that they are never
   // taken for another transaction's commit.
-  pg_call([] { PushCopiedSnapshot(GetLatestSnapshot()); });
+  pg::snapshots::push_latest();
   // read_only: SPI runs the statement with the active snapshot, the one pushed here. An error
   // leaves it to transaction abort, which pops every snapshot.
   const uint64 found = run(kFind, values, nullptr, true, 1);
   std::optional<KeyRow> row;
   if (found > 0) row = decode(0, caller_context_);
-  pg_call([] { PopActiveSnapshot(); });
+  pg::snapshots::pop_active();
   return row;
 }
 
@@ -404,10 +389,7 @@ Session::Look Session::look(text* owner, text* scope, text* key,
     // row (a take-over, a completion, a release, forget_key). The table's rows are locked only
     // by FOR UPDATE of one transaction at a time, never shared, so xmax is a transaction id,
     // not a multixact.
-    result.held_by_open_transaction = pg_call([&] {
-      return TransactionIdIsNormal(xmax) && !TransactionIdIsCurrentTransactionId(xmax) &&
-             TransactionIdIsInProgress(xmax);
-    });
+    result.held_by_open_transaction = pg::transactions::open_other(xmax);
     return result;
   }
   // No row visible: an executor-path claim of another open transaction holds the key lock.

@@ -89,9 +89,9 @@ class Route {
   bool direct_writes() const { return direct_ && reason_ == ExecutorReason::kNone; }
 
  private:
-  bool direct_ = false;     // direct_path()
-  bool requested_ = false;  // idempotency.executor_path
-  bool snapshot_ = false;   // ActiveSnapshotSet()
+  bool direct_ = false;                                 // direct_path()
+  bool requested_ = false;                              // idempotency.executor_path
+  bool snapshot_ = false;                               // ActiveSnapshotSet()
   ExecutorReason reason_ = ExecutorReason::kRequested;  // until table_opened()
 };
 
