@@ -35,7 +35,8 @@ constexpr const char* kWhereKey =
     "scope OPERATOR(pg_catalog.=) $1 AND key OPERATOR(pg_catalog.=) $2";
 constexpr const char* kAndOwner3 = " AND owner OPERATOR(pg_catalog.=) $3";
 // The fence of complete / release / checkpoint: the token holds a live processing row of
-// the same owner ($5 is "now" in all three statements).
+// the same owner ($5 is "now" in all three statements). The direct completion states it in
+// C++ (key_heap_write.cpp, holds); test/pgtap/completion_fence.sql proves the two equal.
 constexpr const char* kWhereHolder =
     " AND lease_token OPERATOR(pg_catalog.=) $3 AND owner OPERATOR(pg_catalog.=) $4"
     " AND status OPERATOR(pg_catalog.=) 'processing' AND expires_at OPERATOR(pg_catalog.>) $5";

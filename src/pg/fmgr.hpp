@@ -12,6 +12,11 @@ namespace idem::pg::fmgr {
 inline text* text_argument(FunctionCallInfo fcinfo, int n) {
   return pg_call([&] { return PG_GETARG_TEXT_PP(n); });
 }
+// `value` (a text) detoasted, short headers kept. Raises (out of memory, a toast read
+// error). Allocates a detoasted copy in the current memory context.
+inline text* text_value(Datum value) {
+  return pg_call([&] { return DatumGetTextPP(value); });
+}
 // Argument 0 (not NULL) as jsonb, detoasted. Raises (out of memory, a toast read error).
 // Allocates a detoasted copy in the current memory context.
 inline Jsonb* jsonb_argument(FunctionCallInfo fcinfo) {

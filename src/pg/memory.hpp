@@ -11,6 +11,17 @@ template <typename T>
 T* allocate() {
   return pg_call([] { return static_cast<T*>(palloc(sizeof(T))); });
 }
+// A memory context named `name` (a string constant: the context keeps the pointer) under
+// `parent` (AllocSet, default sizes). Raises (out of memory). Allocates its header in `parent`.
+inline MemoryContext new_context(MemoryContext parent, const char* name) {
+  return pg_call(
+      [&] { return AllocSetContextCreateInternal(parent, name, ALLOCSET_DEFAULT_SIZES); });
+}
+// Empties `context` (keeps it). Raises not: a reset frees blocks and allocates nothing.
+// pg-frame: a reset cannot raise; called without pg_call once per batch element.
+inline void reset(MemoryContext context) {
+  MemoryContextReset(context);  // pg: a reset does not raise
+}
 // A hash table of `entry_size`-byte entries keyed by their first `key_size` bytes (compared
 // as bytes), made in `context` with room for `expected` entries. Raises (out of memory).
 inline HTAB* new_blob_table(const char* name, long expected, size_t key_size, size_t entry_size,

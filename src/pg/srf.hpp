@@ -12,6 +12,11 @@ namespace idem::pg::srf {
 inline void materialize(FunctionCallInfo fcinfo) {
   pg_call([&] { InitMaterializedSRF(fcinfo, 0); });
 }
+// Adds the row `values` / `nulls` to the tuplestore `rows` of row type `descriptor`. Raises
+// (out of memory, a temporary file error). Allocates the row in the tuplestore's context.
+inline void put_row(Tuplestorestate* rows, TupleDesc descriptor, Datum* values, bool* nulls) {
+  pg_call([&] { tuplestore_putvalues(rows, descriptor, values, nulls); });
+}
 // A text value of `string`. Raises (out of memory). Allocates it in the current memory
 // context.
 inline Datum text_value(const char* string) {
