@@ -20,7 +20,7 @@ SET client_min_messages = warning;
 -- The executor's UPDATE finds the row by an index scan, never by a sequential one.
 SET enable_seqscan = off;
 
-SELECT plan(13);
+SELECT plan(15);
 
 CREATE SCHEMA cf;
 GRANT USAGE ON SCHEMA cf TO PUBLIC;
@@ -42,6 +42,7 @@ END $$;
 SELECT cf.make_role('cf_claimer');
 SELECT cf.make_role('cf_other');
 SELECT cf.make_role('cf_reused');
+SELECT cf.make_role('cf_renamed');
 
 -- One case, in one transaction, on the path of `prefix` ('d' direct, 'e' the executor): a
 -- claim of PREFIX-KEY as `claimer` with `ttl` (and the same lease), then, as `completer`, the
@@ -50,10 +51,13 @@ SELECT cf.make_role('cf_reused');
 -- scanned the primary key.
 --   `expire`: wait (on the clock, not a sleep) until the claim has expired first;
 --   `reuse`: the claimer's name goes to a new role before the completion (the row's stamp then
---   names the earlier role's OID), and the completer is that new role.
+--   names the earlier role's OID), and the completer is that new role;
+--   `rename`: the claimer is renamed before the completion and completes under its new name
+--   (the stamp is its OID, the row's owner its former name).
 CREATE FUNCTION cf.run(prefix text, claimer name, completer name, k text, target text,
                        scope text DEFAULT '', ttl interval DEFAULT '1 hour',
-                       expire boolean DEFAULT false, reuse boolean DEFAULT false)
+                       expire boolean DEFAULT false, reuse boolean DEFAULT false,
+                       rename boolean DEFAULT false)
 RETURNS text LANGUAGE plpgsql AS $$
 DECLARE
   t uuid;
@@ -76,6 +80,10 @@ BEGIN
     PERFORM cf.make_role(claimer);
     completer := claimer;
   END IF;
+  IF rename THEN
+    EXECUTE format('ALTER ROLE %I RENAME TO %I', claimer, claimer || '_new');
+    completer := claimer || '_new';
+  END IF;
   EXECUTE format('SET LOCAL ROLE %I', completer);
   before := cf.scans();
   BEGIN
@@ -91,16 +99,20 @@ BEGIN
     PERFORM cf.drop_role(claimer);
     EXECUTE format('ALTER ROLE %I RENAME TO %I', claimer || '_gone', claimer);
   END IF;
+  IF rename THEN
+    EXECUTE format('ALTER ROLE %I RENAME TO %I', claimer || '_new', claimer);
+  END IF;
   RETURN answer;
 END $$;
 
 -- Both paths of one case: 'direct answer / executor answer'.
 CREATE FUNCTION cf.both(k text, claimer name, completer name, target text,
                         scope text DEFAULT '', ttl interval DEFAULT '1 hour',
-                        expire boolean DEFAULT false, reuse boolean DEFAULT false)
+                        expire boolean DEFAULT false, reuse boolean DEFAULT false,
+                        rename boolean DEFAULT false)
 RETURNS text LANGUAGE sql AS $$
-  SELECT cf.run('d', claimer, completer, k, target, scope, ttl, expire, reuse) || ' / ' ||
-         cf.run('e', claimer, completer, k, target, scope, ttl, expire, reuse)
+  SELECT cf.run('d', claimer, completer, k, target, scope, ttl, expire, reuse, rename) || ' / ' ||
+         cf.run('e', claimer, completer, k, target, scope, ttl, expire, reuse, rename)
 $$;
 
 -- The holder itself: accepted on both, and on the direct path by the direct check.
@@ -139,6 +151,14 @@ SELECT is(cf.both('reused', 'cf_reused', 'cf_reused', 'reused', reuse => true),
 SELECT is((SELECT status::text FROM idempotency.idempotency_keys WHERE key = 'd-reused'), 'processing',
           'and the claim is unchanged');
 
+-- The holder renamed since its claim, under its new name: the stamp matches, the name does
+-- not (a key is its owner's name; the fence checks both on both paths).
+SELECT is(cf.both('renamed', 'cf_renamed', 'cf_renamed', 'renamed', rename => true),
+          'P0002 scanned / P0002 scanned',
+          'the holder renamed since its claim, with its token: P0002 on both paths');
+SELECT is((SELECT status::text FROM idempotency.idempotency_keys WHERE key = 'd-renamed'),
+          'processing', 'and the claim is unchanged');
+
 -- A claim that has not expired yet, however short: still accepted by the direct check.
 SELECT is(cf.both('short', 'cf_claimer', 'cf_claimer', 'short', ttl => '1 min'),
           'replay by address / replay scanned', 'a live short claim: accepted by both');
@@ -151,4 +171,5 @@ SELECT is((SELECT count(*)::int FROM idempotency.idempotency_keys
 SELECT cf.drop_role('cf_claimer');
 SELECT cf.drop_role('cf_other');
 SELECT cf.drop_role('cf_reused');
+SELECT cf.drop_role('cf_renamed');
 SELECT * FROM finish();
