@@ -71,12 +71,14 @@ Interval seconds_interval(int seconds) {
 // An optional interval argument (ttl, lease) that must be positive and at most
 // idempotency.max_<name>; NULL takes idempotency.default_<name>, held to the same maximum
 // (a superuser may set the two apart).
+// setting_stem names the settings that bound the argument: idempotency.default_<stem> and
+// idempotency.max_<stem> (a response_ttl is bounded by the ttl's).
 Interval bounded_interval_argument(FunctionCallInfo fcinfo, int n, const char* name,
-                                   int default_seconds, int max_seconds) {
+                                   const char* setting_stem, int default_seconds, int max_seconds) {
   // The setting names only go into a message: built on the way to an error, never on the
   // way to an answer (a replay pays for no string).
-  auto setting = [name] { return std::string("idempotency.default_") + name; };
-  auto limit = [name] { return std::string("idempotency.max_") + name; };
+  auto setting = [setting_stem] { return std::string("idempotency.default_") + setting_stem; };
+  auto limit = [setting_stem] { return std::string("idempotency.max_") + setting_stem; };
   if (PG_ARGISNULL(n)) {
     if (default_seconds > max_seconds)
       throw Error(ERRCODE_INVALID_PARAMETER_VALUE, setting() + " exceeds " + limit(),
@@ -139,18 +141,18 @@ TimestampTz add_interval(TimestampTz time, const Interval& interval) {
 }
 
 Interval ttl_argument(FunctionCallInfo fcinfo, int n) {
-  return bounded_interval_argument(fcinfo, n, "ttl", gucs::default_ttl_seconds,
+  return bounded_interval_argument(fcinfo, n, "ttl", "ttl", gucs::default_ttl_seconds,
                                    gucs::max_ttl_seconds);
 }
 
 std::optional<Interval> response_ttl_argument(FunctionCallInfo fcinfo, int n) {
   if (!argument_given(fcinfo, n)) return std::nullopt;
-  return bounded_interval_argument(fcinfo, n, "response_ttl", gucs::default_ttl_seconds,
+  return bounded_interval_argument(fcinfo, n, "response_ttl", "ttl", gucs::default_ttl_seconds,
                                    gucs::max_ttl_seconds);
 }
 
 Interval lease_argument(FunctionCallInfo fcinfo, int n) {
-  return bounded_interval_argument(fcinfo, n, "lease", gucs::default_lease_seconds,
+  return bounded_interval_argument(fcinfo, n, "lease", "lease", gucs::default_lease_seconds,
                                    gucs::max_lease_seconds);
 }
 
