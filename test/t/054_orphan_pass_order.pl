@@ -39,12 +39,12 @@ ok($node->poll_query_until('app',
     q{SELECT orphan_passes >= 1 FROM idempotency.idempotency_stats WHERE datname = 'app'}),
   'the first pass is done');
 
-# 1,000 keys of keeper, then three of them given to first and late: an UPDATE puts the new
+# 1,500 keys of keeper, then three of them given to first and late: an UPDATE puts the new
 # version in the same block (fillfactor 90 leaves room).
-insert_keys($node, q{SELECT 'keeper' AS r, g FROM generate_series(1, 1000) g ORDER BY g});
+insert_keys($node, q{SELECT 'keeper' AS r, g FROM generate_series(1, 1500) g ORDER BY g});
 my $last_block = $node->safe_psql('app',
   q{SELECT max((ctid::text::point)[0])::int FROM idempotency.idempotency_keys});
-cmp_ok($last_block, '>=', 20, "the table has $last_block + 1 blocks");
+cmp_ok($last_block, '>=', 25, "the table has $last_block + 1 blocks");
 my $give = sub {
   my ($role, $block) = @_;
   $node->safe_psql('app', qq{
