@@ -31,7 +31,7 @@ my $holder = $node->background_psql('postgres');
 # A waiter's session: it keeps going after an error (a cancelled claim).
 sub waiter_session {
   my $session = $node->background_psql('postgres', on_error_stop => 0);
-  $session->query_safe(qq{SET idempotency.wait_recheck_interval = '$long_wait'});
+  $session->query_safe(q{SET idempotency.wait_recheck_interval = '1h'});
   my $pid = $session->query_safe('SELECT pg_backend_pid()');
   $pid =~ s/\s+//g;
   return { session => $session, pid => $pid };
