@@ -6,8 +6,8 @@
 # $TMPDIR, or IDEM_GOPATH). Run from clients/go or a folder under it:
 #   ./offline.sh go test ./...
 #   ./offline.sh go build -o /tmp/conformance-app ./cmd/conformance-app
-# or from a program of this clone outside it that imports the package (examples/go/middleware),
-# which is then built where it stands:
+# or from an example under examples/ that imports the package (examples/go/middleware), which
+# is then built where it stands (from anywhere else, it runs in clients/go):
 #   cd examples/go/middleware && ../../../clients/go/offline.sh go test -v
 set -eu
 here="$(cd "$(dirname "$0")" && pwd -P)"
@@ -22,7 +22,7 @@ fi
 cwd="$(pwd -P)"
 case "$cwd/" in
 "$here"/*) cd "$link/clients/go${cwd#"$here"}" ;;
-"$root"/*) ;;  # another program of this clone: built where it stands, the package from GOPATH
+"$root"/examples/*) ;;  # an example that imports the package: built where it stands
 *) cd "$link/clients/go" ;;
 esac
 GO111MODULE=off GOPATH="$gopath:/usr/share/gocode" GOFLAGS= exec "$@"
