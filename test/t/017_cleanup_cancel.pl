@@ -15,6 +15,7 @@ use warnings;
 use PostgreSQL::Test::Cluster;
 use PostgreSQL::Test::Utils;
 use Test::More;
+use IdemSession;
 
 my $node = PostgreSQL::Test::Cluster->new('cleanup_cancel');
 $node->init;
@@ -30,7 +31,7 @@ $node->safe_psql('app', q{
   CREATE EXTENSION idempotency;
   ALTER DATABASE app SET idempotency.cleanup_worker = off});
 # Other sessions at work, as the throttle sees them: one of `app` holds a snapshot.
-my $busy = $node->background_psql('app');
+my $busy = long_session($node, 'app');
 $busy->query_safe('BEGIN ISOLATION LEVEL REPEATABLE READ; SELECT 1');
 
 sub fill {
@@ -48,7 +49,7 @@ sub left { return $node->safe_psql('app', 'SELECT count(*) FROM idempotency.idem
 # backend's pid once the call's worker has deleted some keys.
 sub start_call {
   my ($before, $settings) = @_;
-  my $session = $node->background_psql('app', on_error_stop => 0);
+  my $session = long_session($node, 'app', on_error_stop => 0);
   my $pid = $session->query_safe('SELECT pg_backend_pid()');
   $pid =~ s/\s+//g;
   $session->query_until(qr/started/, "$settings\n\\echo started\nSELECT idempotency.idempotency_cleanup(1000);\n");
@@ -117,7 +118,7 @@ cmp_ok($after, '<', $total, 'and the batches done before the cancel stay deleted
 # The worker is gone: nothing deletes now (two looks, a moment apart).
 $node->safe_psql('app', 'SELECT pg_sleep(0.2)');
 is(left(), $after, 'no deletion after the cancel');
-$session->quit;
+end_session($session);
 
 # --- statement_timeout ----------------------------------------------------------------------
 $total = $after;
@@ -135,7 +136,7 @@ $session->query('SELECT 1');
 like($session->{stderr}, qr/canceling statement due to statement timeout/, 'with 57014 reported');
 isnt($gone_ms, '', 'its worker goes too');
 cmp_ok(left(), '>', 0, 'while keys are left');
-$session->quit;
+end_session($session);
 
 # --- the caller terminated ----------------------------------------------------------------
 $total = left();
@@ -148,10 +149,10 @@ $after = left();
 $node->safe_psql('app', 'SELECT pg_sleep(0.2)');
 is(left(), $after, 'and deletes nothing more');
 cmp_ok($after, '>', 0, 'keys are left for the next cleanup');
-eval { $session->quit };  # its psql lost the connection
+eval { end_session($session) };  # its psql lost the connection
 ok(!$node->log_contains(qr/idempotency.*(FATAL|PANIC)|(FATAL|PANIC).*idempotency/),
   'no worker logged a FATAL');
 
-$busy->quit;
+end_session($busy);
 $node->stop;
 done_testing();

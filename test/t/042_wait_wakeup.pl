@@ -14,6 +14,7 @@ use warnings;
 use PostgreSQL::Test::Cluster;
 use PostgreSQL::Test::Utils;
 use Test::More;
+use IdemSession;
 use Time::HiRes qw(time);
 
 # Waits until the backend `pid` sleeps in a wait of the extension (bounded: 10 s).
@@ -32,7 +33,7 @@ sub asleep_sql {
 # A waiter's session: the safety net an hour off (where the library is preloaded).
 sub waiter_session {
   my ($node) = @_;
-  my $waiter = $node->background_psql('postgres');
+  my $waiter = long_session($node, 'postgres');
   $waiter->query_safe(q{SET idempotency.wait_recheck_interval = '1h'});
   my $pid = $waiter->query_safe('SELECT pg_backend_pid()');
   $pid =~ s/\s+//g;
@@ -44,7 +45,7 @@ sub waiter_session {
 # handoff in ms (from just before COMMIT; printed only).
 sub handoffs {
   my ($node, $trials, $label) = @_;
-  my $holder = $node->background_psql('postgres');
+  my $holder = long_session($node, 'postgres');
   my ($waiter, $pid) = waiter_session($node);
   # The handoff is measured from just before COMMIT: without a WAL flush to wait for, the
   # commit itself takes microseconds.
@@ -68,8 +69,8 @@ sub handoffs {
     $early++ if ($before_end // '') eq 'true';
     push @ms, (($woke // $before) - $before) * 1000;
   }
-  $holder->quit;
-  $waiter->quit;
+  end_session($holder);
+  end_session($waiter);
   my @sorted = sort { $a <=> $b } @ms;
   return (\@statuses, $early, $sorted[int($#sorted / 2)], $sorted[-1]);
 }
@@ -86,7 +87,7 @@ diag(sprintf('preloaded: handoff after COMMIT median %.2f ms, max %.2f ms', $med
 is($early, 15, 'the waiter wakes at the holder\'s COMMIT, long before its wait or the safety net would end its sleep');
 
 # A rollback wakes the waiter too, which then claims the key.
-my $holder = $node->background_psql('postgres');
+my $holder = long_session($node, 'postgres');
 $holder->query_safe(q{BEGIN; SELECT claim_key('rolled')});
 my ($waiter, $waiter_pid) = waiter_session($node);
 $waiter->query_until(qr/waiting/, qq{\\echo waiting
@@ -113,8 +114,8 @@ my ($rc, $out, $err) = $node->psql('postgres',
   q{SET statement_timeout = '200ms'; SELECT status FROM claim_key('forever', wait => '60 s')});
 like($err, qr/canceling statement due to statement timeout/, 'a wait is interruptible (statement_timeout)');
 $holder->query_safe('ROLLBACK');
-$holder->quit;
-$waiter->quit;
+end_session($holder);
+end_session($waiter);
 $node->stop;
 
 # Without preloading: no shared memory, waiting polls, and still gets the outcome.

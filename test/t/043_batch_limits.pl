@@ -16,6 +16,7 @@ use warnings;
 use PostgreSQL::Test::Cluster;
 use PostgreSQL::Test::Utils;
 use Test::More;
+use IdemSession;
 use Time::HiRes qw(time);
 
 my $node = PostgreSQL::Test::Cluster->new('batch_limits');
@@ -64,7 +65,7 @@ cmp_ok($inserted, '<', 1000000, 'it stops before the batch could have finished (
 is($node->safe_psql('postgres', 'SELECT count(*) FROM idempotency.idempotency_keys'), '0', 'and nothing is kept');
 
 # pg_cancel_backend from another session, while the batch claims.
-my $batch = $node->background_psql('postgres', extra_params => [ '-U', 'app' ], on_error_stop => 0);
+my $batch = long_session($node, 'postgres', extra_params => [ '-U', 'app' ], on_error_stop => 0);
 my $pid = $batch->query_safe('SELECT pg_backend_pid()');
 $batch->query_until(qr/started/, q{\echo started
 SELECT count(*) FROM idempotency.claim_keys((SELECT keys FROM batches WHERE n = 1000000));
@@ -80,7 +81,7 @@ ok($node->poll_query_until('postgres', qq{SELECT state <> 'active' FROM pg_stat_
   'pg_cancel_backend ends claim_keys of 1,000,000 keys');
 my $cancel = time - $t0;
 note(sprintf('pg_cancel_backend: the batch stopped %.1f ms after the cancel', $cancel * 1000));
-$batch->quit;
+end_session($batch);
 $inserted = inserted_once_app_left() - $inserted_before;
 note("it had claimed $inserted keys");
 cmp_ok($inserted, '>', 0, 'the cancel came while the batch claimed');
@@ -91,7 +92,7 @@ cmp_ok($inserted, '<', 1000000, 'and ended it before the batch could have finish
 # fresh; the peak is sampled every millisecond while the statement runs.
 sub peak_kb {
   my ($sql) = @_;
-  my $session = $node->background_psql('postgres', extra_params => [ '-U', 'app' ]);
+  my $session = long_session($node, 'postgres', extra_params => [ '-U', 'app' ]);
   my $pid = $session->query_safe('SELECT pg_backend_pid()');
   my $anon = sub {
     open my $status, '<', "/proc/$pid/status" or return 0;
@@ -107,7 +108,7 @@ sub peak_kb {
     last if $node->safe_psql('postgres', qq{SELECT state FROM pg_stat_activity WHERE pid = $pid}) ne 'active';
     usleep(1000);
   }
-  $session->quit;
+  end_session($session);
   return $peak;
 }
 my $unnest = peak_kb(q{SELECT count(*) FROM unnest((SELECT keys FROM batches WHERE n = 400000))});

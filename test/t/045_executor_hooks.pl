@@ -10,6 +10,7 @@ use warnings;
 use PostgreSQL::Test::Cluster;
 use PostgreSQL::Test::Utils;
 use Test::More;
+use IdemSession;
 use Time::HiRes qw(time);
 
 my $pkglib = `pg_config --pkglibdir`;
@@ -81,7 +82,7 @@ $node->safe_psql('postgres', q{SELECT idempotency.claim_key('rr-wait', lease => 
   extra_params => [ '-U', 'app' ]);
 my $holder_token = $node->safe_psql('postgres',
   q{SELECT lease_token FROM idempotency.idempotency_keys WHERE key = 'rr-wait'});
-my $waiter = $node->background_psql('postgres', extra_params => [ '-U', 'app' ], on_error_stop => 0);
+my $waiter = long_session($node, 'postgres', extra_params => [ '-U', 'app' ], on_error_stop => 0);
 my $waiter_pid = $waiter->query_safe('SELECT pg_backend_pid()');
 $waiter->query_safe('BEGIN ISOLATION LEVEL REPEATABLE READ');
 $waiter->query_safe('SELECT 1');
@@ -100,7 +101,7 @@ ok(pump_until($waiter->{run}, $waiter->{timeout}, \$waiter->{stdout}, qr/done/),
   'REPEATABLE READ waiter: the completion wakes it (its wait and its safety net are an hour off)');
 like($waiter->{stderr}, qr/could not serialize access due to concurrent update/,
   'REPEATABLE READ waiter: 40001 once the holder completes (not in_progress from its snapshot)');
-$waiter->quit;
+end_session($waiter);
 $node->safe_psql('postgres', q{ALTER ROLE app RESET idempotency.wait_recheck_interval});
 
 # This transaction's own writes are no serialization conflict: the read as of now sees them

@@ -18,6 +18,7 @@ use warnings;
 use PostgreSQL::Test::Cluster;
 use PostgreSQL::Test::Utils;
 use Test::More;
+use IdemSession;
 
 my $node = PostgreSQL::Test::Cluster->new('wait_wakeups');
 $node->init;
@@ -27,10 +28,10 @@ $node->safe_psql('postgres',
   q{CREATE EXTENSION idempotency; ALTER DATABASE postgres SET search_path = public, idempotency});
 
 my $long_wait = '1 hour';
-my $holder = $node->background_psql('postgres');
+my $holder = long_session($node, 'postgres');
 # A waiter's session: it keeps going after an error (a cancelled claim).
 sub waiter_session {
-  my $session = $node->background_psql('postgres', on_error_stop => 0);
+  my $session = long_session($node, 'postgres', on_error_stop => 0);
   $session->query_safe(q{SET idempotency.wait_recheck_interval = '1h'});
   my $pid = $session->query_safe('SELECT pg_backend_pid()');
   $pid =~ s/\s+//g;
@@ -78,6 +79,7 @@ sub returns {
     "SELECT state <> 'active' FROM pg_stat_activity WHERE pid = $w->{pid}");
   $node->safe_psql('postgres', "SELECT pg_cancel_backend($w->{pid})") unless $returned;
   $slept_on = 1 unless $returned;
+  $w->{session}{timeout}->start();  # the answer's own time to come
   return $returned;
 }
 
@@ -152,7 +154,7 @@ SKIP: {
   is($woken, 5, "two waiters on one key: the holder's end wakes both each time");
   is(join(',', @statuses), join(',', ('replay/replay') x 5), 'two waiters on one key: both replay each time');
 }
-$second->{session}->quit;
+end_session($second->{session});
 
 # With the hour-long interval, a holder that ends in another backend wakes nobody: the
 # waiter sleeps on after COMMIT PREPARED (then it is cancelled).
@@ -188,7 +190,7 @@ ok(returns($waiter), 'a holder that ends by COMMIT PREPARED: the safety net wake
 is(answer($waiter), 'replay', 'which replays its outcome');
 }
 
-$holder->quit;
-$waiter->{session}->quit;
+end_session($holder);
+end_session($waiter->{session});
 $node->stop;
 done_testing();

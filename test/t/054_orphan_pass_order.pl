@@ -24,6 +24,7 @@ use warnings;
 use PostgreSQL::Test::Cluster;
 use PostgreSQL::Test::Utils;
 use Test::More;
+use IdemSession;
 use IdemCleanup;
 
 my $node = cleanup_node('orphan_pass_order',
@@ -67,7 +68,7 @@ is($node->safe_psql('app', q{
 $node->safe_psql('app',
   q{SELECT pg_create_logical_replication_slot('deletions', 'test_decoding')});
 # Other sessions at work, as the throttle sees them: one of `app` holds a snapshot.
-my $busy = $node->background_psql('app');
+my $busy = long_session($node, 'app');
 $busy->query_safe('BEGIN ISOLATION LEVEL REPEATABLE READ; SELECT 1');
 my $passes = stat_of($node, 'orphan_passes');
 
@@ -102,6 +103,6 @@ is($order, "first\@1 expired first\@$last_block late\@0",
   "after the drop of late the pass goes on to the end before it comes round to block 0, "
     . 'and the expired key goes before the pass ends');
 
-$busy->quit;
+end_session($busy);
 $node->stop;
 done_testing();

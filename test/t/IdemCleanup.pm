@@ -6,6 +6,7 @@ use strict;
 use warnings;
 use Exporter 'import';
 use PostgreSQL::Test::Cluster;
+use IdemSession;
 our @EXPORT = qw(cleanup_node stat_of more_rounds insert_keys start_churn stop_churn);
 
 # A started server with the library preloaded, the worker's rounds every `interval` and
@@ -75,7 +76,7 @@ $statements
     END \$\$;
   });
   my $attacker =
-    $node->background_psql('postgres', on_error_stop => 1, extra_params => [ '-U', 'churner' ]);
+    long_session($node, 'postgres', on_error_stop => 1, extra_params => [ '-U', 'churner' ]);
   $attacker->query_until(qr/churning/, "\\echo churning\nCALL churn();\n");
   return $attacker;
 }
@@ -84,7 +85,7 @@ $statements
 sub stop_churn {
   my ($node, $attacker) = @_;
   $node->safe_psql('postgres', 'UPDATE churn_stop SET stop = true');
-  $attacker->quit;
+  end_session($attacker);
 }
 
 1;
