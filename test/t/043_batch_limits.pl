@@ -17,7 +17,7 @@ use PostgreSQL::Test::Cluster;
 use PostgreSQL::Test::Utils;
 use Test::More;
 use IdemSession;
-use Time::HiRes qw(time);
+use Time::HiRes qw(time usleep);
 
 my $node = PostgreSQL::Test::Cluster->new('batch_limits');
 $node->init;
