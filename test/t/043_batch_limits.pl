@@ -89,7 +89,9 @@ cmp_ok($inserted, '<', 1000000, 'and ended it before the batch could have finish
 
 # Memory: the peak of a backend's private memory (RssAnon: shared buffers left out) while
 # it claims 400,000 keys, against one that reads the same array and unnests it. Each starts
-# fresh; the peak is sampled every millisecond while the statement runs.
+# fresh; the peak is sampled every millisecond while the statement runs (it was sampled
+# between round trips of another session, which a loaded machine stretched to tens of
+# milliseconds: the unnest's short peak went unseen).
 sub peak_kb {
   my ($sql) = @_;
   my $session = long_session($node, 'postgres', extra_params => [ '-U', 'app' ]);
@@ -100,12 +102,15 @@ sub peak_kb {
     return $kb // 0;
   };
   my $peak = $anon->();
-  $session->query_until(qr/started/, "\\echo started\n$sql;\n");
+  $session->query_until(qr/started/, "\\echo started\n$sql;\n\\echo finished\n");
+  # Sampled every millisecond until psql prints the statement's end (read without blocking:
+  # no round trip of another session between two samples).
   my $deadline = time + 300;
   while (time < $deadline) {
     my $kb = $anon->();
     $peak = $kb if $kb > $peak;
-    last if $node->safe_psql('postgres', qq{SELECT state FROM pg_stat_activity WHERE pid = $pid}) ne 'active';
+    $session->{run}->pump_nb;
+    last if $session->{stdout} =~ /finished/;
     usleep(1000);
   }
   end_session($session);
