@@ -3,6 +3,7 @@
 
 #include "caller.hpp"
 #include "gucs.hpp"
+#include "pg/fmgr.hpp"
 
 namespace idem::arguments {
 
@@ -18,7 +19,7 @@ Caller calling(const char* function_name) {
 }
 
 text* text_argument(FunctionCallInfo fcinfo, int n) {
-  return pg_call([&] { return PG_GETARG_TEXT_PP(n); });
+  return pg::fmgr::text_argument(fcinfo, n);
 }
 
 [[noreturn]] void reject_null_key() {
@@ -96,12 +97,12 @@ Interval bounded_interval_argument(FunctionCallInfo fcinfo, int n, const char* n
 // An optional bytea or text argument of at most `limit` bytes (the fingerprint, the recovery
 // point), measured before it is detoasted: an oversized value is refused without being read.
 struct varlena* bounded_varlena(Datum raw, const char* name, const char* setting, int limit) {
-  size_t size = pg_call([&] { return toast_raw_datum_size(raw); }) - VARHDRSZ;
+  size_t size = pg::fmgr::raw_size(raw) - VARHDRSZ;
   if (size > static_cast<size_t>(limit))
     throw Error(ERRCODE_STRING_DATA_RIGHT_TRUNCATION, std::string(name) + " is too long",
                 "The " + std::string(name) + " has " + std::to_string(size) + " bytes; " + setting +
                     " is " + std::to_string(limit) + ".");
-  return pg_call([&] { return PG_DETOAST_DATUM_PACKED(raw); });
+  return pg::fmgr::detoast_packed(raw);
 }
 
 struct varlena* bounded_varlena_argument(FunctionCallInfo fcinfo, int n, const char* name,
@@ -134,10 +135,7 @@ TimestampTz add_interval(TimestampTz time, const Interval& interval) {
   if (interval.month == 0 && interval.day == 0 && !TIMESTAMP_NOT_FINITE(time) &&
       !pg_add_s64_overflow(time, interval.time, &sum) && IS_VALID_TIMESTAMP(sum))
     return sum;
-  return pg_call([&] {
-    return DatumGetTimestampTz(DirectFunctionCall2(
-        timestamptz_pl_interval, TimestampTzGetDatum(time), IntervalPGetDatum(&interval)));
-  });
+  return pg::fmgr::plus_interval(time, interval);
 }
 
 Interval ttl_argument(FunctionCallInfo fcinfo, int n) {
