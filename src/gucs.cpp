@@ -22,6 +22,7 @@ int cleanup_cpu_share = 100;
 char* databases = nullptr;
 bool executor_path = false;
 bool result_scan = true;
+int wait_recheck_ms = 200;
 bool cleanup_worker = true;
 
 namespace {
@@ -134,6 +135,16 @@ void define() {
       "function's row as it is.",
       "off: PostgreSQL's function scan, which copies the row through a tuplestore.", &result_scan,
       true, PGC_USERSET, 0, nullptr, nullptr, nullptr);
+  // Superuser-only: a long interval leaves a waiter asleep where only the safety net wakes it
+  // (a prepared holder, a lease that runs out). The tests set it to tell a wake-up by the
+  // holder's end from the safety net by events instead of by the clock (test/t/046).
+  DefineCustomIntVariable(
+      "idempotency.wait_recheck_interval",
+      "Longest sleep of a waiting claim without a wake-up before it looks at its key again.",
+      "The safety net for holders that end without waking their waiters; for tests and "
+      "diagnosis.",
+      &wait_recheck_ms, 200, 1, 24 * 60 * 60 * 1000, PGC_SUSET, GUC_UNIT_MS, nullptr, nullptr,
+      nullptr);
   define_cleanup();
   MarkGUCPrefixReserved("idempotency");
 }

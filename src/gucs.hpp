@@ -27,6 +27,10 @@ extern bool executor_path;
 // idempotency.result_scan: claim_key / complete_key in FROM run by our scan (result_scan.hpp).
 extern bool result_scan;
 
+// idempotency.wait_recheck_interval: the longest a waiting claim sleeps without a wake-up
+// before it looks at its key again (key_wait.hpp's safety net).
+extern int wait_recheck_ms;
+
 // Read by the cleanup worker.
 extern int cleanup_interval_ms;
 extern int cleanup_batch_size;

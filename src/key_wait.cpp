@@ -1,6 +1,7 @@
 // Waiting for a key's holder without polling (see key_wait.hpp).
 #include "key_wait.hpp"
 
+#include "gucs.hpp"
 #include "pg_boundary.hpp"
 #include "shared_memory.hpp"
 #include "siphash.hpp"
@@ -10,8 +11,6 @@ namespace idem::key_wait {
 namespace {
 
 constexpr uint32 kSlots = 1024;
-// The longest a waiter sleeps without a wake-up before it looks again (the safety net).
-constexpr long kSafetyNetMs = 200;
 
 struct SharedSlots {
   // The key of the slots' hash, made when the shared memory is (once per cluster start).
@@ -114,7 +113,7 @@ void Waiter::sleep(TimestampTz deadline) {
   const int64 remaining_us = deadline - GetCurrentTimestamp();
   if (variable_ != nullptr && prepared_) {
     const long timeout_ms =
-        std::max<long>(1, std::min<long>((remaining_us + 999) / 1000, kSafetyNetMs));
+        std::max<long>(1, std::min<long>((remaining_us + 999) / 1000, gucs::wait_recheck_ms));
     pg::waits::on_condition_variable(variable_, timeout_ms);
     return;
   }
