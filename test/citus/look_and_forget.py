@@ -54,6 +54,14 @@ def look(conn, key, fingerprint=None):
     return "%s token=%s attempts=%s response=%s code=%s retry=%s" % row
 
 
+def not_delegated_look(conn, key):
+    """look_key's status in a form Citus does not delegate: the call runs on the coordinator."""
+    try:
+        return conn.execute("SELECT (idempotency.look_key(%s)).status::text", (key,)).fetchone()[0]
+    except psycopg.Error as e:
+        return e.sqlstate
+
+
 def claim(conn, key, **kw):
     args = ", ".join(["%s"] + ["%s => %%s" % k for k in kw])
     return conn.execute("SELECT status::text, token, attempts FROM idempotency.claim_key(" + args + ")",
@@ -140,6 +148,12 @@ s, _, _ = claim(holder, "lk-reclaim")
 seen = look(app, "lk-reclaim")
 check("a take-over in an open transaction (the row's xmax): look_key answers in_progress at once, not reclaimed",
       s == "reclaimed" and seen == "in_progress token=False attempts=- response=- code=- retry=true", (s, seen))
+# A call Citus does not delegate (docs/design.md, "Citus") runs on the coordinator, and its
+# statement brings the row from the worker: the xmax there is the worker's transaction id,
+# which only the worker can judge.
+seen = not_delegated_look(app, "lk-reclaim")
+check("a take-over in an open transaction: a look Citus does not delegate answers in_progress too (the worker"
+      " judges its own xmax)", seen == "in_progress", seen)
 check("a take-over in an open transaction: another role's look finds no key of its own",
       look(other, "lk-reclaim") == ABSENT, look(other, "lk-reclaim"))
 holder.commit()
@@ -178,6 +192,8 @@ check("after completion: another role's look finds no key of its own", look(othe
       look(other, "lk-done", b"\x01"))
 s, _, _ = claim(app, "lk-done", fingerprint=b"\x01")
 check("after completion: claim_key answers as look_key said (replay)", s == "replay", s)
+check("after completion: a look Citus does not delegate answers replay",
+      not_delegated_look(app, "lk-done") == "replay", not_delegated_look(app, "lk-done"))
 
 # forget_key: only the caller's own key; a forget in an open transaction is seen by a look as
 # what a claim would see now (the committed row), and refuses a second forget at once.
