@@ -121,6 +121,8 @@ check("a claim in an open transaction: look_key answers in_progress at once, no 
       look(app, "lk-open") == "in_progress token=False attempts=- response=- code=- retry=true", look(app, "lk-open"))
 check("a claim in an open transaction: another role's look finds no key of its own (claimed, no token)",
       look(other, "lk-open") == ABSENT, look(other, "lk-open"))
+check("limit: a claim in an open transaction: a look Citus does not delegate answers claimed (the key lock is the"
+      " worker's)", not_delegated_look(app, "lk-open") == "claimed", not_delegated_look(app, "lk-open"))
 check("a claim in an open transaction: forget_key refuses at once (55000), it never waits",
       result_of(app, "SELECT idempotency.forget_key('lk-open')") == "55000")
 check("a claim in an open transaction: another role's forget_key finds nothing (false)",
