@@ -447,8 +447,8 @@ RETURNS idempotency.claim_result
 LANGUAGE plpgsql VOLATILE PARALLEL SAFE
 AS $$
 DECLARE
-  -- A response past its response_expires_at (a tombstone restored from the C++ edition) is
-  -- not replayed: the code is, as there.
+  -- A response past its response_expires_at (complete_key's response_ttl) is not replayed,
+  -- whether or not the cleanup dropped it yet: the code is, and response_dropped says so.
   kept boolean := answer = 'replay' AND (r.response_expires_at IS NULL OR r.response_expires_at > clock_timestamp());
 BEGIN
   RETURN ROW(answer, NULL,
@@ -458,11 +458,12 @@ BEGIN
              CASE WHEN answer = 'replay' THEN r.recovery_point END,
              r.attempts, r.created_at, r.expires_at, NULL,
              CASE WHEN kept THEN r.response_body END,
-             CASE WHEN kept THEN r.response_headers END)::idempotency.claim_result;
+             CASE WHEN kept THEN r.response_headers END,
+             CASE WHEN answer = 'replay' THEN NOT kept END)::idempotency.claim_result;
 END
 $$;
 COMMENT ON FUNCTION idempotency.stored_answer(idempotency.claim_status, idempotency.idempotency_keys) IS
-  'Internal: the claim_result of a replay or a mismatch, read from the stored row.';
+  'Internal: the claim_result of a replay, a mismatch (or a look''s in_progress and reclaimed), read from the stored row.';
 
 CREATE OR REPLACE FUNCTION idempotency.claim_key(
   key         pg_catalog.text,
@@ -544,7 +545,7 @@ BEGIN
       IF r.lease_token IS NOT NULL AND r.locked_until > now_ts THEN
         IF now_ts >= deadline THEN
           RETURN ROW('in_progress', NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL,
-                     greatest(r.locked_until - now_ts, interval '1 millisecond'), NULL, NULL)::idempotency.claim_result;
+                     greatest(r.locked_until - now_ts, interval '1 millisecond'), NULL, NULL, NULL)::idempotency.claim_result;
         END IF;
         -- A snapshot transaction would look at the same version for ever: a version committed
         -- after its snapshot (the holder completed or released) raises 40001 here, as a
@@ -575,7 +576,7 @@ BEGIN
         now_ts := clock_timestamp();
         IF now_ts >= deadline THEN
           RETURN ROW('in_progress', NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL,
-                     interval '1 second', NULL, NULL)::idempotency.claim_result;
+                     interval '1 second', NULL, NULL, NULL)::idempotency.claim_result;
         END IF;
         -- Sleep and try again, backing off from 1 to 50 ms (as the C++ edition waits without
         -- shared memory): interruptible, bounded by the deadline, never a busy loop.
@@ -602,7 +603,7 @@ BEGIN
               me_oid, here)
       ON CONFLICT (key, scope, owner) DO NOTHING;
       IF FOUND THEN
-        RETURN ROW('claimed', tok, NULL, NULL, fp, NULL, 1, now_ts, expiry, NULL, NULL, NULL)::idempotency.claim_result;
+        RETURN ROW('claimed', tok, NULL, NULL, fp, NULL, 1, now_ts, expiry, NULL, NULL, NULL, NULL)::idempotency.claim_result;
       END IF;
     ELSE
       -- Take over under the row lock, skipping a row another transaction holds (the cleanup,
@@ -616,9 +617,10 @@ BEGIN
            SET fingerprint = fp, attempts = 1, ttl = v_ttl, lease = v_lease, created_at = now_ts,
                expires_at = expiry, lease_token = tok, locked_until = until, recovery_point = NULL,
                status = 'processing', response_code = NULL, updated_at = now_ts, response = NULL,
-               response_body = NULL, response_headers = NULL, owner_oid = me_oid, owner_system = here
+               response_body = NULL, response_headers = NULL, response_expires_at = NULL,
+               owner_oid = me_oid, owner_system = here
          WHERE t.key = k AND t.scope = sc AND t.owner = me;
-        RETURN ROW('claimed', tok, NULL, NULL, fp, NULL, 1, now_ts, expiry, NULL, NULL, NULL)::idempotency.claim_result;
+        RETURN ROW('claimed', tok, NULL, NULL, fp, NULL, 1, now_ts, expiry, NULL, NULL, NULL, NULL)::idempotency.claim_result;
       ELSIF FOUND AND r.status = 'processing'
             AND NOT (fp IS NOT NULL AND r.fingerprint IS NOT NULL AND r.fingerprint <> fp)
             AND NOT (r.lease_token IS NOT NULL AND r.locked_until > now_ts) THEN
@@ -629,7 +631,7 @@ BEGIN
          WHERE t.key = k AND t.scope = sc AND t.owner = me
         RETURNING * INTO r;
         RETURN ROW('reclaimed', tok, NULL, NULL, r.fingerprint, r.recovery_point, r.attempts,
-                   r.created_at, expiry, NULL, NULL, NULL)::idempotency.claim_result;
+                   r.created_at, expiry, NULL, NULL, NULL, NULL)::idempotency.claim_result;
       END IF;
     END IF;
     -- The row changed or is held since the look: look again at once, twice, then wait as
@@ -639,7 +641,7 @@ BEGIN
       now_ts := clock_timestamp();
       IF now_ts >= deadline THEN
         RETURN ROW('in_progress', NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL,
-                   interval '1 second', NULL, NULL)::idempotency.claim_result;
+                   interval '1 second', NULL, NULL, NULL)::idempotency.claim_result;
       END IF;
       PERFORM pg_sleep(least(pause, extract(epoch FROM deadline - now_ts)::float8));
       pause := least(pause * 2, 0.05);
@@ -805,8 +807,9 @@ CREATE OR REPLACE FUNCTION idempotency.complete_key(
   response         pg_catalog.jsonb,
   response_code    pg_catalog.int4  DEFAULT NULL,
   scope            pg_catalog.text  DEFAULT '',
-  response_body    pg_catalog.bytea DEFAULT NULL,
-  response_headers pg_catalog.jsonb DEFAULT NULL)
+  response_body    pg_catalog.bytea    DEFAULT NULL,
+  response_headers pg_catalog.jsonb    DEFAULT NULL,
+  response_ttl     pg_catalog.interval DEFAULT NULL)
 RETURNS idempotency.claim_result
 LANGUAGE plpgsql VOLATILE SECURITY INVOKER PARALLEL UNSAFE
 SET search_path = pg_catalog, pg_temp
@@ -814,6 +817,8 @@ AS $$
 #variable_conflict use_column
 DECLARE
   me text := current_user;
+  keep interval;
+  longest int8;
   k text := complete_key.key;
   sc text := complete_key.scope;
   tok uuid := complete_key.token;
@@ -845,12 +850,27 @@ BEGIN
   IF headers IS NOT NULL THEN
     PERFORM idempotency.check_headers(headers);
   END IF;
+  -- The response's own time (a tombstone after it): positive, at most idempotency.max_ttl.
+  IF complete_key.response_ttl IS NOT NULL THEN
+    keep := idempotency.as_span(complete_key.response_ttl, 'response_ttl');
+    IF keep <= interval '0' THEN
+      RAISE EXCEPTION 'response_ttl must be positive' USING ERRCODE = '22023',
+        HINT = 'Pass NULL to keep the response as long as the key.';
+    END IF;
+    longest := idempotency.setting_value('max_ttl', 2592000, 1, 2147483647, 's');
+    IF keep > longest * interval '1 second' THEN
+      RAISE EXCEPTION 'response_ttl exceeds idempotency.max_ttl' USING ERRCODE = '22023',
+        DETAIL = format('idempotency.max_ttl is %s s.', longest);
+    END IF;
+  END IF;
   me_oid := quote_ident(me)::regrole::oid;
   here := (pg_control_system()).system_identifier;
   now_ts := clock_timestamp();
   UPDATE idempotency.idempotency_keys t
      SET status = 'completed', response_code = code, updated_at = now_ts, response = resp,
          expires_at = now_ts + t.ttl, response_body = body, response_headers = headers,
+         -- A response kept shorter than the key gets its own end; else it lives as the key.
+         response_expires_at = CASE WHEN now_ts + keep < now_ts + t.ttl THEN now_ts + keep END,
          owner_oid = me_oid, owner_system = here
    WHERE t.key = k AND t.scope = sc AND t.lease_token = tok AND t.owner = me
      AND t.status = 'processing' AND t.expires_at > now_ts AND (t.owner_oid IS NULL OR t.owner_system IS NULL OR t.owner_oid = me_oid OR t.owner_system <> here)
@@ -869,10 +889,13 @@ BEGIN
   RETURN idempotency.stored_answer('replay', r);
 END
 $$;
-COMMENT ON FUNCTION idempotency.complete_key(text, uuid, jsonb, integer, text, bytea, jsonb) IS
+COMMENT ON FUNCTION idempotency.complete_key(text, uuid, jsonb, integer, text, bytea, jsonb, interval) IS
   'Stores the outcome of a claim held with `token`: a jsonb response and code, and optionally '
   'the response as sent (body bytes and headers, replayed byte for byte); duplicates then get '
-  'replay. Fenced: a token that no longer holds the key is rejected (55000).';
+  'replay. response_ttl: the response is dropped that long after the completion while the key '
+  'stays until its ttl (replay with response_dropped, mismatch still detected); NULL keeps it '
+  'as long as the key; 22023 when not positive or over idempotency.max_ttl. Fenced: a token '
+  'that no longer holds the key is rejected (55000).';
 
 CREATE OR REPLACE FUNCTION idempotency.release_key(key pg_catalog.text, token pg_catalog.uuid,
                                                    scope pg_catalog.text DEFAULT '')
@@ -976,6 +999,248 @@ $$;
 COMMENT ON FUNCTION idempotency.checkpoint_key(text, uuid, text, text, interval) IS
   'Records the progress of a multi-step handler and renews the lease (a heartbeat); '
   'returns the new end of the lease. Fenced like complete_key.';
+
+-------------------------------------------------------------------------------
+-- The key's life cycle (1.3.1; the C++ edition's 1.3, issue #37): look, forget, the policy
+-------------------------------------------------------------------------------
+
+-- Whether another transaction, still open, writes the caller's (scope, key): a claim writing
+-- the key (a new one, or a take-over) holds the key's lock until its transaction ends, and a
+-- transaction that updated, deleted or locked the row version seen (`writer`, its xmax: a
+-- completion, a release, a forget, the cleanup) holds the lock of its own transaction id.
+-- Read from pg_locks, so that the question takes no lock at all: a lock taken even for a
+-- moment would make a concurrent claim with wait 0 answer in_progress. The tag is
+-- key_lock_tag's; without a committed secret the role has no claim whose key lock could be
+-- found (its very first claim, still open, is the one case this cannot see: that claim's
+-- secret is not committed yet).
+CREATE OR REPLACE FUNCTION idempotency.claimed_elsewhere(scope pg_catalog.text, key pg_catalog.text,
+                                                         writer pg_catalog.xid)
+RETURNS pg_catalog.bool
+LANGUAGE plpgsql VOLATILE SECURITY INVOKER PARALLEL UNSAFE
+AS $$
+#variable_conflict use_variable
+DECLARE
+  me text := current_user;
+  role_secret bytea;
+  tag int8;
+BEGIN
+  SELECT s.secret INTO role_secret FROM idempotency.role_secrets s WHERE s.owner = me;
+  IF FOUND THEN
+    tag := ('x' || encode(substr(sha256(role_secret || convert_to(me, 'UTF8') || '\x00'::bytea
+                                        || convert_to(scope, 'UTF8') || '\x00'::bytea
+                                        || convert_to(key, 'UTF8')), 1, 8), 'hex'))::bit(64)::int8;
+  END IF;
+  IF writer = '0'::xid THEN
+    writer := NULL;  -- a version nobody updated, deleted or locked
+  END IF;
+  IF tag IS NULL AND writer IS NULL THEN
+    RETURN false;
+  END IF;
+  -- An advisory lock on a bigint: classid the high 32 bits, objid the low, objsubid 1.
+  RETURN EXISTS (SELECT FROM pg_locks l
+                  WHERE l.granted AND l.pid IS DISTINCT FROM pg_backend_pid()
+                    AND ((l.locktype = 'advisory' AND l.objsubid = 1
+                          AND l.database = (SELECT d.oid FROM pg_database d WHERE d.datname = current_database())
+                          AND l.classid = ((tag >> 32) & 4294967295)::oid
+                          AND l.objid = (tag & 4294967295)::oid)
+                         OR (l.locktype = 'transactionid' AND l.transactionid = writer)));
+END
+$$;
+COMMENT ON FUNCTION idempotency.claimed_elsewhere(text, text, xid) IS
+  'Internal: whether another open transaction holds the key lock of the caller''s (scope, key), '
+  'or is the writer (xmax) of the row version seen, read from pg_locks without taking a lock.';
+
+-- Look: what claim_key would answer now, deciding nothing: one read of the caller's row (as of
+-- the statement's snapshot) and of pg_locks; no write, no lock, no wait. claimed / reclaimed
+-- come without a token (nothing was claimed); reclaimed carries the attempts so far and the
+-- recovery point the claim would resume from.
+CREATE OR REPLACE FUNCTION idempotency.look_key(
+  key         pg_catalog.text,
+  fingerprint pg_catalog.bytea DEFAULT NULL,
+  scope       pg_catalog.text  DEFAULT '')
+RETURNS idempotency.claim_result
+LANGUAGE plpgsql VOLATILE SECURITY INVOKER PARALLEL UNSAFE
+SET search_path = pg_catalog, pg_temp
+AS $$
+#variable_conflict use_column
+DECLARE
+  me text := current_user;
+  k text := look_key.key;
+  sc text := look_key.scope;
+  fp bytea := look_key.fingerprint;
+  now_ts timestamptz;
+  r idempotency.idempotency_keys;
+  seen record;
+  writer xid;
+  answer idempotency.claim_result;
+  me_oid oid;
+  here int8;
+BEGIN
+  IF NOT pg_catalog.has_schema_privilege('idempotency', 'USAGE') THEN
+    RAISE EXCEPTION 'permission denied for schema idempotency' USING ERRCODE = '42501',
+      DETAIL = 'Calls reached by OID (a BEGIN ATOMIC body, a view, a kept plan) are checked too.';
+  END IF;
+  PERFORM idempotency.check_name(k, sc);
+  IF fp IS NOT NULL THEN
+    PERFORM idempotency.check_size(octet_length(fp), 'fingerprint', 'max_fingerprint_size', 64, 1024);
+  END IF;
+  me_oid := quote_ident(me)::regrole::oid;
+  here := (pg_control_system()).system_identifier;
+  now_ts := clock_timestamp();
+  -- A row of the caller's name stamped here by another role (an earlier role of this name) is
+  -- absent for the caller, as for claim_key.
+  -- The row, and the transaction that updated, deleted or locked this version (xmax), if any.
+  SELECT t AS row_seen, t.xmax AS row_writer INTO seen FROM idempotency.idempotency_keys t
+   WHERE t.key = k AND t.scope = sc AND t.owner = me
+     AND (t.owner_oid IS NULL OR t.owner_system IS NULL OR t.owner_oid = me_oid OR t.owner_system <> here);
+  IF FOUND THEN
+    r := seen.row_seen;
+    writer := seen.row_writer;
+  END IF;
+  IF r.key IS NOT NULL AND r.expires_at > now_ts THEN
+    IF fp IS NOT NULL AND r.fingerprint IS NOT NULL AND r.fingerprint <> fp THEN
+      RETURN idempotency.stored_answer('mismatch', r);
+    END IF;
+    IF r.status = 'completed' THEN
+      RETURN idempotency.stored_answer('replay', r);
+    END IF;
+    IF r.lease_token IS NOT NULL AND r.locked_until > now_ts THEN
+      -- The caller's own claim: what it was claimed with, and when its lease ends.
+      answer := idempotency.stored_answer('in_progress', r);
+      answer.retry_after := greatest(r.locked_until - now_ts, interval '1 millisecond');
+      RETURN answer;
+    END IF;
+    -- Released, or its lease ended: a claim would make attempt attempts + 1 from recovery_point,
+    -- unless another open transaction takes it over, completes, releases or forgets it.
+    IF NOT idempotency.claimed_elsewhere(sc, k, writer) THEN
+      answer := idempotency.stored_answer('reclaimed', r);
+      answer.recovery_point := r.recovery_point;
+      RETURN answer;
+    END IF;
+  ELSIF NOT idempotency.claimed_elsewhere(sc, k, writer) THEN
+    -- Absent or expired: a claim would take it; nothing of an old row is shown.
+    RETURN ROW('claimed', NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL)::idempotency.claim_result;
+  END IF;
+  -- Another open transaction writes the key (a claim's lease not visible yet): as claim_key
+  -- with wait 0 would answer.
+  RETURN ROW('in_progress', NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL,
+             interval '1 second', NULL, NULL, NULL)::idempotency.claim_result;
+END
+$$;
+COMMENT ON FUNCTION idempotency.look_key(text, bytea, text) IS
+  'What claim_key(key, fingerprint, scope) would answer now, without claiming, writing, keeping '
+  'a lock or waiting: replay (with the response), mismatch, in_progress (also at once for a '
+  'key another open transaction is claiming), or claimed / reclaimed with a NULL token (a claim '
+  'would take the key). Only the caller''s own keys: another role''s key does not exist for it. '
+  'Errors as claim_key: 22004 NULL key or scope, 22023 empty key, 22001 key or fingerprint over '
+  'its limit, 42501 without USAGE on the schema.';
+
+-- Forget: a role deletes its own key, so that the operation can run again (the next claim_key
+-- answers claimed). Absent is no error (false), as a DELETE of no row is none: a retried
+-- forget_key succeeds. The row is locked with SKIP LOCKED: a key another open transaction
+-- writes (a claim, a completion, a forget) is refused at once, never waited for.
+CREATE OR REPLACE FUNCTION idempotency.forget_key(
+  key   pg_catalog.text,
+  token pg_catalog.uuid DEFAULT NULL,
+  scope pg_catalog.text DEFAULT '')
+RETURNS pg_catalog.bool
+LANGUAGE plpgsql VOLATILE SECURITY INVOKER PARALLEL UNSAFE
+SET search_path = pg_catalog, pg_temp
+AS $$
+#variable_conflict use_column
+DECLARE
+  me text := current_user;
+  k text := forget_key.key;
+  sc text := forget_key.scope;
+  tok uuid := forget_key.token;
+  described text;
+  now_ts timestamptz;
+  r idempotency.idempotency_keys;
+  expired boolean;
+BEGIN
+  IF NOT pg_catalog.has_schema_privilege('idempotency', 'USAGE') THEN
+    RAISE EXCEPTION 'permission denied for schema idempotency' USING ERRCODE = '42501',
+      DETAIL = 'Calls reached by OID (a BEGIN ATOMIC body, a view, a kept plan) are checked too.';
+  END IF;
+  PERFORM idempotency.check_name(k, sc);
+  described := format('"%s"', k) || CASE WHEN sc = '' THEN '' ELSE format(' in scope "%s"', sc) END;
+  now_ts := clock_timestamp();
+  SELECT * INTO r FROM idempotency.idempotency_keys t
+   WHERE t.key = k AND t.scope = sc AND t.owner = me
+     FOR UPDATE SKIP LOCKED;
+  IF NOT FOUND THEN
+    -- None, or one another open transaction holds: its row locked, or a new claim's key lock.
+    IF NOT EXISTS (SELECT FROM idempotency.idempotency_keys t WHERE t.key = k AND t.scope = sc AND t.owner = me)
+       AND NOT idempotency.claimed_elsewhere(sc, k, NULL) THEN
+      RETURN false;
+    END IF;
+    RAISE EXCEPTION 'idempotency key % is in progress', described USING ERRCODE = '55000',
+      DETAIL = 'Another transaction that is still open claims, completes or forgets it.',
+      HINT = 'Try again when that transaction has ended.';
+  END IF;
+  -- A row of an earlier role of the caller's name is no key of the caller's.
+  IF r.owner_oid IS NOT NULL AND r.owner_system IS NOT NULL
+     AND r.owner_oid <> quote_ident(me)::regrole::oid
+     AND r.owner_system = (pg_control_system()).system_identifier THEN
+    RETURN false;
+  END IF;
+  expired := r.expires_at <= now_ts;
+  IF tok IS NOT NULL AND NOT expired AND r.lease_token IS DISTINCT FROM tok THEN
+    RAISE EXCEPTION 'token does not hold idempotency key %', described USING ERRCODE = '55000',
+      DETAIL = CASE WHEN r.lease_token IS NULL THEN 'The key was released.'
+                    ELSE 'The key was claimed with another token.' END,
+      HINT = 'Forget it without a token, or pass the token that claim_key returned for it.';
+  END IF;
+  IF tok IS NULL AND NOT expired AND r.status = 'processing' AND r.lease_token IS NOT NULL
+     AND r.locked_until > now_ts THEN
+    RAISE EXCEPTION 'idempotency key % is held by a live claim', described USING ERRCODE = '55000',
+      DETAIL = format('The claim''s lease ends at %s.', r.locked_until),
+      HINT = 'Pass the claim''s token to forget it, or release or complete it first.';
+  END IF;
+  DELETE FROM idempotency.idempotency_keys t WHERE t.key = k AND t.scope = sc AND t.owner = me;
+  RETURN FOUND;
+END
+$$;
+COMMENT ON FUNCTION idempotency.forget_key(text, uuid, text) IS
+  'Deletes the caller''s own key (scope, key): completed, released, expired, or with an ended '
+  'lease; returns false when the caller has no such key. A key held by a live claim is refused '
+  '(55000) unless token is its holder''s; a token given must be the key''s (55000 otherwise). A '
+  'key that another open transaction claims, completes or forgets is refused at once (55000), '
+  'never waited for. A holder whose key was forgotten gets P0002 from complete_key. Other '
+  'errors as claim_key.';
+
+-- The policy: what an API publishes about its keys (the IETF draft on the Idempotency-Key
+-- header asks resources to say how long keys are kept): the values claim_key applies in this
+-- session, read as it reads them (22023 for a bad setting, as at a claim).
+CREATE OR REPLACE FUNCTION idempotency.key_policy(
+  OUT default_ttl       pg_catalog.interval,
+  OUT max_ttl           pg_catalog.interval,
+  OUT default_lease     pg_catalog.interval,
+  OUT max_lease         pg_catalog.interval,
+  OUT max_key_length    pg_catalog.int4,
+  OUT max_response_size pg_catalog.int4)
+RETURNS record
+LANGUAGE plpgsql STABLE SECURITY INVOKER PARALLEL SAFE
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+  IF NOT pg_catalog.has_schema_privilege('idempotency', 'USAGE') THEN
+    RAISE EXCEPTION 'permission denied for schema idempotency' USING ERRCODE = '42501',
+      DETAIL = 'Calls reached by OID (a BEGIN ATOMIC body, a view, a kept plan) are checked too.';
+  END IF;
+  default_ttl := idempotency.checked_interval(NULL, 'ttl');
+  max_ttl := idempotency.setting_value('max_ttl', 2592000, 1, 2147483647, 's') * interval '1 second';
+  default_lease := idempotency.checked_interval(NULL, 'lease');
+  max_lease := idempotency.setting_value('max_lease', 86400, 1, 2147483647, 's') * interval '1 second';
+  max_key_length := idempotency.setting_value('max_key_length', 255, 1, 1024, '');
+  max_response_size := idempotency.setting_value('max_response_size', 1048576, 1, 536870911, 'B');
+END
+$$;
+COMMENT ON FUNCTION idempotency.key_policy() IS
+  'The key policy in force for this session, from the settings idempotency.default_ttl, '
+  'max_ttl, default_lease, max_lease, max_key_length and max_response_size: how long a key is '
+  'kept by default (a completed key: ttl after its completion) and at most, the lease of a '
+  'claim, and the largest key and response accepted. For an API to publish; changes nothing.';
 
 -------------------------------------------------------------------------------
 -- Batches
@@ -1239,6 +1504,31 @@ COMMENT ON FUNCTION idempotency.cleanup_batch(integer) IS
   'stamped here by an earlier role of their name, skipping locked rows.';
 REVOKE ALL ON FUNCTION idempotency.cleanup_batch(integer) FROM PUBLIC;
 
+-- One batch of tombstones (1.3.1): keys whose response passed its response_expires_at and is
+-- still stored lose the response's three columns; the key, its fingerprint, code and
+-- response_expires_at stay, so that a replay still says the response was dropped. No index
+-- leads to these rows (every claim would pay for one more index entry): the statement reads
+-- the table until it has batch_size of them, or to its end, as cleanup_batch does.
+CREATE OR REPLACE FUNCTION idempotency.drop_responses_batch(batch_size pg_catalog.int4)
+RETURNS pg_catalog.int8
+LANGUAGE sql VOLATILE SECURITY INVOKER PARALLEL UNSAFE
+AS $$
+  WITH due AS (
+    SELECT t.ctid FROM idempotency.idempotency_keys t
+     WHERE t.response_expires_at <= clock_timestamp()
+       AND (t.response IS NOT NULL OR t.response_body IS NOT NULL OR t.response_headers IS NOT NULL)
+     LIMIT batch_size
+       FOR UPDATE OF t SKIP LOCKED),
+  dropped AS (
+    UPDATE idempotency.idempotency_keys t SET response = NULL, response_body = NULL, response_headers = NULL
+      FROM due WHERE t.ctid = due.ctid RETURNING 1)
+  SELECT count(*) FROM dropped
+$$;
+COMMENT ON FUNCTION idempotency.drop_responses_batch(integer) IS
+  'Internal: drops the stored responses of at most batch_size keys past their response_expires_at '
+  '(complete_key''s response_ttl), keeping the keys, skipping locked rows.';
+REVOKE ALL ON FUNCTION idempotency.drop_responses_batch(integer) FROM PUBLIC;
+
 -- One batch of adoptions: rows not stamped, or stamped in another cluster (restored,
 -- replicated), whose name names a role, get that role's OID and this cluster's identifier;
 -- from then on a role dropped and created again under the name cannot inherit them.
@@ -1285,6 +1575,9 @@ BEGIN
     EXIT WHEN batch < size;
   END LOOP;
   LOOP
+    EXIT WHEN idempotency.drop_responses_batch(size) < size;
+  END LOOP;
+  LOOP
     EXIT WHEN idempotency.adopt_batch(size) < size;
   END LOOP;
   DELETE FROM idempotency.role_secrets s
@@ -1293,8 +1586,9 @@ BEGIN
 END
 $$;
 COMMENT ON FUNCTION idempotency.idempotency_cleanup(integer) IS
-  'Deletes expired keys, and keys whose owner names no role or an earlier role of its name, and '
-  'stamps keys restored from elsewhere with the role of their name, now, in batches of batch_size '
+  'Deletes expired keys, and keys whose owner names no role or an earlier role of its name, '
+  'drops the responses past their response_ttl (the keys stay), and stamps keys restored from '
+  'elsewhere with the role of their name, now, in batches of batch_size '
   '(default 5000) with SKIP LOCKED, in the caller''s transaction; returns how many. For '
   'pg_cron prefer CALL idempotency.cleanup_in_batches(), which commits after each batch.';
 REVOKE ALL ON FUNCTION idempotency.idempotency_cleanup(integer) FROM PUBLIC;
@@ -1314,6 +1608,13 @@ BEGIN
     batch := idempotency.cleanup_batch(batch_size);
     rounds := rounds + 1;
     COMMIT;  -- each batch its own short transaction: its row locks go at once
+    EXIT WHEN batch < batch_size OR rounds >= max_batches;
+  END LOOP;
+  rounds := 0;
+  LOOP
+    batch := idempotency.drop_responses_batch(batch_size);
+    rounds := rounds + 1;
+    COMMIT;
     EXIT WHEN batch < batch_size OR rounds >= max_batches;
   END LOOP;
   rounds := 0;
@@ -1342,7 +1643,8 @@ BEGIN
     SELECT DISTINCT p.oid::regprocedure::text AS name, a.grantee, p.prokind
       FROM pg_catalog.pg_proc p, pg_catalog.aclexplode(p.proacl) a
      WHERE p.pronamespace = 'idempotency'::regnamespace
-       AND p.proname IN ('idempotency_cleanup', 'cleanup_batch', 'adopt_batch', 'cleanup_in_batches')
+       AND p.proname IN ('idempotency_cleanup', 'cleanup_batch', 'drop_responses_batch', 'adopt_batch',
+                         'cleanup_in_batches')
        AND a.grantee <> p.proowner
   LOOP
     EXECUTE format('REVOKE ALL ON %s %s FROM %s',

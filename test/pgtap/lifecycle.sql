@@ -6,7 +6,9 @@
 -- polling the clock until the stored expires_at has passed, never by a sleep of a fixed length.
 -- Roles are cluster-wide: they carry the prefix lc_ and are dropped at the end.
 -- On every path: the direct path and the executor's statements (test/paths/executor.*).
--- Edition: C++ only: the life-cycle API of 1.3 is not in the portable edition yet (issue #37 stays open for it).
+-- Both editions; the blocks marked "C++ edition only" are about its shared-memory statistics
+-- and its refusal inside security-restricted operations (the portable edition has neither:
+-- portable/README.md, SECURITY.md).
 \set ON_ERROR_STOP 1
 \pset format unaligned
 \pset tuples_only on
@@ -70,10 +72,12 @@ END$$;
 GRANT USAGE ON SCHEMA idempotency TO lc_bob;
 GRANT USAGE ON SCHEMA lc TO lc_bob, lc_nousage;
 GRANT EXECUTE ON ALL FUNCTIONS IN SCHEMA lc TO lc_bob, lc_nousage;
+-- C++ edition only, from here (shared-memory statistics)
 -- The statistics of this database (NULL without shared memory).
 CREATE FUNCTION lc.forgotten() RETURNS bigint LANGUAGE sql AS $$
   SELECT forgotten FROM idempotency.idempotency_stats WHERE datname = current_database() $$;
 CREATE TEMP TABLE stats_before AS SELECT coalesce(lc.forgotten(), 0) AS forgotten;
+-- C++ edition only, to here
 
 -------------------------------------------------------------------------------
 -- look_key
@@ -165,9 +169,11 @@ SELECT is(lc.try($$SELECT idempotency.forget_key('f-done', idempotency.gen_uuid_
   'forget: a completed key with a token that is not its own 55000');
 SELECT is(idempotency.forget_key('f-done', (SELECT token FROM t7)), true, 'forget: a completed key with its token');
 
+-- C++ edition only, from here (shared-memory statistics)
 -- Counted in the statistics (with shared memory).
 SELECT is(lc.forgotten() - (SELECT forgotten FROM stats_before), 5::bigint,
   'forget: the five keys forgotten are counted in idempotency_stats.forgotten');
+-- C++ edition only, to here
 
 -------------------------------------------------------------------------------
 -- Tombstones: complete_key(..., response_ttl)
@@ -239,12 +245,16 @@ SELECT is((SELECT status::text FROM idempotency.idempotency_keys WHERE owner = c
 -------------------------------------------------------------------------------
 -- key_policy(): the settings in force for this session
 -------------------------------------------------------------------------------
-SELECT is((SELECT format('%s %s %s %s %s %s', default_ttl = current_setting('idempotency.default_ttl')::interval,
-                          max_ttl = current_setting('idempotency.max_ttl')::interval,
-                          default_lease = current_setting('idempotency.default_lease')::interval,
-                          max_lease = current_setting('idempotency.max_lease')::interval,
-                          max_key_length = current_setting('idempotency.max_key_length')::int,
-                          max_response_size = pg_size_bytes(current_setting('idempotency.max_response_size')))
+-- A setting as the session has it; the portable edition's settings are placeholders that
+-- exist only once set, and read as their documented defaults until then.
+CREATE FUNCTION lc.setting(name text, fallback text) RETURNS text LANGUAGE sql AS $$
+  SELECT coalesce(nullif(current_setting('idempotency.' || name, true), ''), fallback) $$;
+SELECT is((SELECT format('%s %s %s %s %s %s', default_ttl = lc.setting('default_ttl', '24h')::interval,
+                          max_ttl = lc.setting('max_ttl', '30d')::interval,
+                          default_lease = lc.setting('default_lease', '5min')::interval,
+                          max_lease = lc.setting('max_lease', '1d')::interval,
+                          max_key_length = lc.setting('max_key_length', '255')::int,
+                          max_response_size = pg_size_bytes(lc.setting('max_response_size', '1MB')))
              FROM idempotency.key_policy()),
           't t t t t t',
   'key_policy: the settings in force');
@@ -279,12 +289,14 @@ SELECT is(lc.as_role('lc_nousage', $$SELECT idempotency.forget_key('shared')::te
 SELECT is(lc.as_role('lc_nousage', $$SELECT idempotency.key_policy()::text$$), '42501',
   'no USAGE: key_policy 42501');
 
+-- C++ edition only, from here (the portable edition does not refuse inside security-restricted operations: SECURITY.md)
 -- Inside a security-restricted operation (an index expression), both refuse.
 CREATE FUNCTION lc.looks(k text) RETURNS text LANGUAGE sql IMMUTABLE AS $$ SELECT (idempotency.look_key(k)).status::text $$;
 CREATE TABLE lc.restricted (k text);
 INSERT INTO lc.restricted VALUES ('x');
 SELECT is(lc.try($$CREATE INDEX ON lc.restricted (lc.looks(k))$$), '42501',
   'a security-restricted operation: look_key 42501');
+-- C++ edition only, to here
 
 -------------------------------------------------------------------------------
 SELECT * FROM finish();

@@ -62,7 +62,6 @@ SELECT is((SELECT string_agg(attname || ' ' || format_type(atttypid, atttypmod),
 SELECT is((SELECT count(*)::int FROM pg_attribute WHERE attrelid = 'idempotency.idempotency_keys'::regclass
              AND attname IN ('response_body', 'response_headers') AND col_description(attrelid, attnum) IS NOT NULL),
           2, 'both columns have a comment');
--- C++ edition only, from here (the life-cycle API of 1.3, response_dropped and response_ttl, is not in the portable edition yet: issue #37)
 SELECT is((SELECT string_agg(attname || ' ' || format_type(atttypid, atttypmod), ', ' ORDER BY attnum)
              FROM pg_attribute WHERE attrelid = (SELECT typrelid FROM pg_type WHERE oid = 'idempotency.claim_result'::regtype)
               AND attnum > 0),
@@ -71,8 +70,6 @@ SELECT is((SELECT string_agg(attname || ' ' || format_type(atttypid, atttypmod),
           'expires_at timestamp with time zone, retry_after interval, response_body bytea, response_headers jsonb, '
           'response_dropped boolean',
           'claim_result: the fields of 1.1, then response_body and response_headers (1.2), then response_dropped (1.3)');
--- C++ edition only, to here
--- C++ edition only, from here (the life-cycle API of 1.3, response_dropped and response_ttl, is not in the portable edition yet: issue #37)
 SELECT is((SELECT string_agg(oid::regprocedure::text || ' ' || array_to_string(proargnames[1:pronargs], ','), '; '
                              ORDER BY proname)
              FROM pg_proc WHERE pronamespace = 'idempotency'::regnamespace
@@ -82,18 +79,15 @@ SELECT is((SELECT string_agg(oid::regprocedure::text || ' ' || array_to_string(p
           'complete_keys(text[],uuid[],jsonb[],integer[],text,bytea[],jsonb[]) keys,tokens,responses,'
           'response_codes,scope,response_bodies,response_headers',
           'one complete_key and one complete_keys, the new arguments last');
--- C++ edition only, to here
 SELECT is((SELECT string_agg(proname || ' ' || array_to_string(proargnames[array_length(proargnames, 1) - 2:], ','), '; '
                              ORDER BY proname)
              FROM pg_proc WHERE pronamespace = 'idempotency'::regnamespace AND proname IN ('claim_keys', 'complete_keys')
               AND proargmodes[array_length(proargmodes, 1) - 2:] = '{o,o,o}'),
           'claim_keys retry_after,response_body,response_headers; complete_keys retry_after,response_body,response_headers',
           'claim_keys and complete_keys return response_body and response_headers last'); 
--- C++ edition only, from here (the life-cycle API of 1.3, response_dropped and response_ttl, is not in the portable edition yet: issue #37)
 SELECT is((SELECT string_agg(pronargdefaults::text, ',' ORDER BY proname) FROM pg_proc
             WHERE pronamespace = 'idempotency'::regnamespace AND proname IN ('complete_key', 'complete_keys')),
           '5,4', 'every argument after the third has a default');
--- C++ edition only, to here
 
 -------------------------------------------------------------------------------
 -- 2. Exact bytes, through both completions.

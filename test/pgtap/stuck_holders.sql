@@ -2,7 +2,6 @@
 -- the oldest, and the leases that ended with no take-over; counts and ages only. Readable by
 -- superusers and, through idempotency_monitor, by members of pg_monitor; by no other role.
 -- Roles are cluster-wide: they carry the prefix sh_ and are dropped at the end.
--- Edition: C++ only: the life-cycle API of 1.3 is not in the portable edition yet (issue #37 stays open for it).
 \set ON_ERROR_STOP 1
 \pset format unaligned
 \pset tuples_only on

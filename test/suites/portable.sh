@@ -3,7 +3,8 @@
 # library is neither preloaded nor created:
 #   1. psql -f of the generated script by the database owner, who is not a superuser; an
 #      application role with USAGE only; per-role keys under row-level security;
-#   2. an update in place from the script of version 1.2.0 to the current one, with keys in it;
+#   2. an update in place from the script of version 1.2.0 to the current one, with keys in it,
+#      and from 1.3.0 (before the life-cycle functions) with claims open and completed;
 #   3. keys dumped from the portable edition restored into the C++ edition and back, answering
 #      replay on the other side;
 #   4. cleanup by pg_cron (Debian's postgresql-15-cron): the documented cron.schedule block.
@@ -34,6 +35,7 @@ mkdir -p "$DIR"
 idem_is_root && chown postgres: "$DIR"
 bash "$GEN" psql >"$DIR/current.sql"
 bash "$GEN" psql 1.2.0 >"$DIR/v1.2.0.sql"
+bash "$GEN" psql 1.3.0 >"$DIR/v1.3.0.sql"
 chmod 644 "$DIR"/*.sql
 
 # pg_cron must be preloaded, and names the database its jobs run in.
@@ -47,7 +49,7 @@ q -c "CREATE ROLE shop_owner LOGIN" -c "CREATE ROLE app_a LOGIN" -c "CREATE ROLE
 expect "the installing role is not a superuser" "$(q -d shop -c "SELECT rolsuper FROM pg_roles WHERE rolname = 'shop_owner'")" "f"
 out="$(as_pg psql -X -q -v ON_ERROR_STOP=1 -U shop_owner -d shop -f "$DIR/current.sql" 2>&1)"
 expect "psql -f by the database owner installs the portable edition" "$?:$out" "0:"
-expect "the edition and its version" "$(q -d shop -c "SELECT name || ' ' || version FROM idempotency.edition")" "portable 1.3.0"
+expect "the edition and its version" "$(q -d shop -c "SELECT name || ' ' || version FROM idempotency.edition")" "portable 1.3.1"
 expect "the C++ library is not loaded" "$(q -d shop -c "SELECT count(*) FROM pg_extension WHERE extname = 'idempotency'")" "0"
 expect "every object belongs to the installing role" \
   "$(q -d shop -c "SELECT count(*) FROM pg_class WHERE relnamespace = 'idempotency'::regnamespace AND relowner <> 'shop_owner'::regrole")" "0"
@@ -107,7 +109,7 @@ q -U upd_gone -d upd -c "SELECT idempotency.claim_key('gone-key')" >/dev/null
 q -U shop_owner -d upd -c "REVOKE USAGE ON SCHEMA idempotency FROM upd_gone" >/dev/null
 q -c "DROP ROLE upd_gone" >/dev/null
 out="$(as_pg psql -X -q -v ON_ERROR_STOP=1 -U shop_owner -d upd -f "$DIR/current.sql" 2>&1)"
-expect "the current script updates it in place" "$?:$(q -d upd -c "SELECT version FROM idempotency.edition")" "0:1.3.0"
+expect "the current script updates it in place" "$?:$(q -d upd -c "SELECT version FROM idempotency.edition")" "0:1.3.1"
 expect "the key survives the update and replays" "$(q -U app_a -d upd -c "SELECT status || ' ' || response::text FROM idempotency.claim_key('kept')")" 'replay {"kept": true}'
 expect "the update stamped the key with its role's OID and this cluster" \
   "$(q -d upd -c "SELECT owner_oid = 'app_a'::regrole AND owner_system = (SELECT system_identifier FROM pg_control_system()) FROM idempotency.idempotency_keys WHERE key = 'kept'")" "t"
@@ -115,7 +117,41 @@ expect "the update deleted the key of the dropped role" \
   "$(q -d upd -c "SELECT count(*) FROM idempotency.idempotency_keys WHERE owner = 'upd_gone'")" "0"
 expect "the update brought the key counts" "$(q -d upd -c "SELECT completed FROM idempotency_monitor.key_counts")" "1"
 out="$(as_pg psql -X -q -v ON_ERROR_STOP=1 -U shop_owner -d upd -f "$DIR/current.sql" 2>&1)"
-expect "running the current script again changes nothing" "$?:$(q -d upd -c "SELECT version || ' ' || (SELECT count(*) FROM idempotency.idempotency_keys) FROM idempotency.edition")" "0:1.3.0 1"
+expect "running the current script again changes nothing" "$?:$(q -d upd -c "SELECT version || ' ' || (SELECT count(*) FROM idempotency.idempotency_keys) FROM idempotency.edition")" "0:1.3.1 1"
+
+# From 1.3.0 (no life-cycle functions yet) with keys in every state: a completed key, a claim
+# whose holder completes it after the update (with the token it got before), a released one.
+q -c "CREATE DATABASE upd13 OWNER shop_owner" >/dev/null
+out="$(as_pg psql -X -q -v ON_ERROR_STOP=1 -U shop_owner -d upd13 -f "$DIR/v1.3.0.sql" 2>&1)"
+expect "version 1.3.0 installs" "$?:$(q -d upd13 -c "SELECT version FROM idempotency.edition")" "0:1.3.0"
+q -U shop_owner -d upd13 -c "GRANT USAGE ON SCHEMA idempotency TO app_a" >/dev/null
+tok="$(q -U app_a -d upd13 -c "SELECT token FROM idempotency.claim_key('done', '\\x01'::bytea)")"
+q -U app_a -d upd13 -c "SELECT idempotency.complete_key('done', '$tok', '{\"done\": 1}', 201)" >/dev/null
+held="$(q -U app_a -d upd13 -c "SELECT token FROM idempotency.claim_key('held', lease => '1 hour')")"
+tok="$(q -U app_a -d upd13 -c "SELECT token FROM idempotency.claim_key('released')")"
+q -U app_a -d upd13 -c "SELECT idempotency.release_key('released', '$tok')" >/dev/null
+expect "1.3.0 has no look_key" "$(q -U app_a -d upd13 -c "SELECT to_regproc('idempotency.look_key') IS NULL")" "t"
+out="$(as_pg psql -X -q -v ON_ERROR_STOP=1 -U shop_owner -d upd13 -f "$DIR/current.sql" 2>&1)"
+expect "the current script updates 1.3.0 in place" "$?:$out:$(q -d upd13 -c "SELECT version FROM idempotency.edition")" "0::1.3.1"
+expect "after the update: the completed key replays, with response_dropped false" \
+  "$(q -U app_a -d upd13 -c "SELECT status || ' ' || response::text || ' ' || response_code || ' ' || response_dropped FROM idempotency.claim_key('done', '\\x01'::bytea)")" \
+  'replay {"done": 1} 201 false'
+expect "after the update: look_key sees the three keys as claim_key would answer" \
+  "$(q -U app_a -d upd13 -c "SELECT string_agg(k || ' ' || (idempotency.look_key(k)).status, ', ' ORDER BY k) FROM unnest(ARRAY['done', 'held', 'released', 'none']) k")" \
+  "done replay, held in_progress, none claimed, released reclaimed"
+expect "after the update: the stuck-holders view counts the open claim" \
+  "$(q -d upd13 -c "SELECT role || ' ' || processing || ' ' || leases_ended FROM idempotency_monitor.stuck_holders")" "app_a 1 0"
+expect "after the update: the holder completes with its token of before, with a response_ttl" \
+  "$(q -U app_a -d upd13 -c "SELECT status || ' ' || response_dropped FROM idempotency.complete_key('held', '$held', '{\"held\": 1}', response_ttl => '1 min')")" "replay false"
+expect "after the update: complete_key has one signature, response_ttl last" \
+  "$(q -d upd13 -c "SELECT string_agg(proname || '(' || oidvectortypes(proargtypes) || ')', '; ') FROM pg_proc WHERE pronamespace = 'idempotency'::regnamespace AND proname = 'complete_key'")" \
+  "complete_key(text, uuid, jsonb, integer, text, bytea, jsonb, interval)"
+expect "after the update: forget_key forgets the released key, and the next claim is claimed" \
+  "$(q -U app_a -d upd13 -c "SELECT idempotency.forget_key('released')" -c "SELECT status FROM idempotency.claim_key('released')")" "t
+claimed"
+out="$(as_pg psql -X -q -v ON_ERROR_STOP=1 -U shop_owner -d upd13 -f "$DIR/current.sql" 2>&1)"
+expect "running the current script again on the updated 1.3.0 changes nothing" \
+  "$?:$out:$(q -d upd13 -c "SELECT version || ' ' || (SELECT count(*) FROM idempotency.idempotency_keys) FROM idempotency.edition")" "0::1.3.1 3"
 
 # --- 3. keys move between the editions -------------------------------------------------
 q -c "CREATE DATABASE cpp" -c "CREATE DATABASE back OWNER shop_owner" >/dev/null
