@@ -18,6 +18,7 @@ int cleanup_interval_ms = 60 * 1000;
 int cleanup_batch_size = 5000;
 int cleanup_delay_ms = 5;
 int cleanup_cost_limit = 200;
+int cleanup_cpu_share = 100;
 char* databases = nullptr;
 bool executor_path = false;
 bool result_scan = true;
@@ -59,6 +60,12 @@ void define_cleanup() {
       "Counted as vacuum counts it (vacuum_cost_page_hit, _miss, _dirty); a batch is cut to "
       "what it buys. Where nobody else works, the cleanup does not pause.",
       &cleanup_cost_limit, 200, 1, 10000, PGC_SIGHUP, 0, nullptr, nullptr, nullptr);
+  DefineCustomIntVariable(
+      "idempotency.cleanup_cpu_share",
+      "Most of a CPU, in percent, the cleanup uses while other sessions work.",
+      "Measured on the process's CPU clock, every batch's fixed work included; after a batch "
+      "the cleanup pauses long enough to stay under it. 100 = no such limit.",
+      &cleanup_cpu_share, 100, 1, 100, PGC_SIGHUP, 0, nullptr, nullptr, nullptr);
   DefineCustomStringVariable("idempotency.databases",
                              "Databases the cleanup worker serves (empty: every database).",
                              "A comma-separated list of database names.", &databases, "",

@@ -32,6 +32,7 @@ extern int cleanup_interval_ms;
 extern int cleanup_batch_size;
 extern int cleanup_delay_ms;    // the throttle's pause once its budget is spent
 extern int cleanup_cost_limit;  // the throttle's budget between two pauses
+extern int cleanup_cpu_share;   // the throttle's most of a CPU (%) while others work
 extern char* databases;         // comma-separated list, empty = every database
 extern bool cleanup_worker;     // off: the worker leaves the server (or a database) alone
 
