@@ -137,6 +137,22 @@ PlanSpec fenced_statement(PlanId id, const std::string& table, const std::string
   }
 }
 
+// After a look's columns, what the row's xmax tells (Session::look): xmax, the system
+// identifier of the node that holds the row, and whether xmax is in progress there and not of
+// the transaction reading it, both computed on that node. Where Citus runs a call it did not
+// delegate, the row comes from a worker and its xmax is a worker's transaction id, which means
+// nothing here. xmax is widened to that node's xid8 by the epoch of its next transaction id.
+constexpr const char* kLookNodeColumns =
+    ", xmax, (pg_catalog.pg_control_system()).system_identifier,"
+    " CASE WHEN xmax = '0'::xid"
+    " OR xmax = pg_catalog.xid(pg_catalog.pg_current_xact_id_if_assigned()) THEN false"
+    " ELSE coalesce(pg_catalog.pg_xact_status(((("
+    "(pg_catalog.pg_snapshot_xmax(pg_catalog.pg_current_snapshot())::text::int8 >> 32) << 32)"
+    " | xmax::text::int8) - CASE WHEN (((pg_catalog.pg_snapshot_xmax("
+    "pg_catalog.pg_current_snapshot())::text::int8 >> 32) << 32) | xmax::text::int8)"
+    " > pg_catalog.pg_snapshot_xmax(pg_catalog.pg_current_snapshot())::text::int8 + 2147483648"
+    " THEN 4294967296 ELSE 0 END)::text::xid8) = 'in progress', false) END";
+
 PlanSpec spec_of(PlanId id, const std::string& table) {
   const std::string columns = row_columns();
   const std::string select =
@@ -149,9 +165,8 @@ PlanSpec spec_of(PlanId id, const std::string& table) {
     case kLock:
       return {select + " FOR UPDATE SKIP LOCKED", key_types};
     case kLook:
-      // The row's xmax tells a transaction that writes or has locked it (Session::look).
-      return {std::string("SELECT ") + columns + ", xmax FROM " + table + " WHERE " + kWhereKey +
-                  kAndOwner3,
+      return {std::string("SELECT ") + columns + kLookNodeColumns + " FROM " + table + " WHERE " +
+                  kWhereKey + kAndOwner3,
               key_types};
     case kDelete:
       return {"DELETE FROM " + table + " WHERE " + kWhereKey + kAndOwner3, key_types};
@@ -216,14 +231,24 @@ uint64 run(PlanId id, Datum* values, const char* nulls, bool read_only, long lim
   return SPI_processed;
 }
 
-// Copies row `index` of the last SPI result into `context`. `xmax`: the statement (kLook)
-// selects the row's xmax after its columns, stored there.
-KeyRow decode(uint64 index, MemoryContext context, TransactionId* xmax = nullptr) {
+// Where the row of a look lives, and what its xmax means there (spec_of, kLook).
+struct RowNode {
+  TransactionId xmax = InvalidTransactionId;
+  int64 system_identifier = 0;
+  bool xmax_in_progress_there = false;  // in progress, and not the reader's transaction
+};
+
+// Copies row `index` of the last SPI result into `context`. `node`: the statement (kLook)
+// selects the row's xmax, its node's system identifier and that node's verdict on xmax after
+// its columns, stored there.
+KeyRow decode(uint64 index, MemoryContext context, RowNode* node = nullptr) {
   HeapTuple tuple = SPI_tuptable->vals[index];
   TupleDesc desc = SPI_tuptable->tupdesc;
-  const int extra = xmax != nullptr ? 1 : 0;
+  const int extra = node != nullptr ? 3 : 0;
   bool shaped = desc->natts == kRowColumnCount + extra &&
-                (extra == 0 || TupleDescAttr(desc, kRowColumnCount)->atttypid == XIDOID);
+                (extra == 0 || (TupleDescAttr(desc, kRowColumnCount)->atttypid == XIDOID &&
+                                TupleDescAttr(desc, kRowColumnCount + 1)->atttypid == INT8OID &&
+                                TupleDescAttr(desc, kRowColumnCount + 2)->atttypid == BOOLOID));
   for (int number = kRowStatus; shaped && number <= kRowColumnCount; ++number)
     shaped = TupleDescAttr(desc, number - 1)->atttypid == row_column_type(number);
   if (!shaped)
@@ -234,9 +259,13 @@ KeyRow decode(uint64 index, MemoryContext context, TransactionId* xmax = nullptr
     return pg::spi::column_unchecked(tuple, desc, number, is_null);
   };
   bool is_null = false;
-  if (xmax != nullptr) {
-    const Datum raw = column(kRowColumnCount + 1, &is_null);
-    *xmax = is_null ? InvalidTransactionId : DatumGetTransactionId(raw);
+  if (node != nullptr) {
+    Datum raw = column(kRowColumnCount + 1, &is_null);
+    node->xmax = is_null ? InvalidTransactionId : DatumGetTransactionId(raw);
+    raw = column(kRowColumnCount + 2, &is_null);
+    node->system_identifier = is_null ? 0 : DatumGetInt64(raw);
+    raw = column(kRowColumnCount + 3, &is_null);
+    node->xmax_in_progress_there = !is_null && DatumGetBool(raw);
   }
   return decode_columns(column, DatumGetBool(column(1, &is_null)), context);
 }
@@ -384,13 +413,18 @@ Session::Look Session::look(text* owner, text* scope, text* key,
   // Read::kLatest (as peek() after waiting): not read_only, so SPI takes a new snapshot at READ
   // COMMITTED, the transaction's own in a snapshot transaction.
   if (execute(kLook, values, nullptr, false, 1) > 0) {
-    TransactionId xmax = InvalidTransactionId;
-    result.row = decode(0, caller_context_, &xmax);
+    RowNode node;
+    result.row = decode(0, caller_context_, &node);
     // An xmax of a transaction still open (not ours): it updates, deletes or has locked the
     // row (a take-over, a completion, a release, forget_key). The table's rows are locked only
     // by FOR UPDATE of one transaction at a time, never shared, so xmax is a transaction id,
-    // not a multixact.
-    result.held_by_open_transaction = pg::transactions::open_other(xmax);
+    // not a multixact. A row of this node is judged here (our subtransactions too); a row
+    // another node sent (a call Citus did not delegate) by that node's verdict.
+    if (node.system_identifier != caller::system_identifier()) {
+      result.held_by_open_transaction = node.xmax_in_progress_there;
+      return result;
+    }
+    result.held_by_open_transaction = pg::transactions::open_other(node.xmax);
     return result;
   }
   // No row visible: an executor-path claim of another open transaction holds the key lock.
