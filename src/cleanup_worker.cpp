@@ -85,6 +85,7 @@ cleanup_shared::Outcome run_round() noexcept {
   std::string failure;
   bool stopped = false;
   try {
+    worker_session::cancel_on_stop();
     cleanup::run(request, progress);
   } catch (PgError& e) {
     // SIGTERM cancels the statement under way: a stop, not a failure.
