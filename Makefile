@@ -103,12 +103,12 @@ bench:
 	bash bench/run.sh
 
 format:
-	clang-format -i src/*.cpp src/*.hpp
+	clang-format -i src/*.cpp src/*.hpp src/pg/*.hpp
 
 # Fails on any formatting difference, boundary violation (test/lint/boundary.py) or clang-tidy
 # finding (.clang-format, .clang-tidy).
 lint:
-	clang-format --dry-run -Werror src/*.cpp src/*.hpp
+	clang-format --dry-run -Werror src/*.cpp src/*.hpp src/pg/*.hpp
 	python3 test/lint/boundary.py
 	clang-tidy --quiet src/*.cpp -- -x c++ -std=c++17 -D_GNU_SOURCE \
 	  -isystem $(shell $(PG_CONFIG) --includedir-server) -isystem $(shell $(PG_CONFIG) --includedir)/internal

@@ -98,7 +98,7 @@ COMMENT ON FUNCTION @extschema@.look_key(text, bytea, text) IS
   'key another open transaction is claiming), or claimed / reclaimed with a NULL token (a claim '
   'would take the key). Only the caller''s own keys: another role''s key does not exist for it. '
   'Errors as claim_key: 22004 NULL key or scope, 22023 empty key, 22001 key over '
-  'idempotency.max_key_length, 54000 fingerprint over idempotency.max_fingerprint_size, 42501 '
+  'idempotency.max_key_length or fingerprint over idempotency.max_fingerprint_size, 42501 '
   'inside a security-restricted operation.';
 
 -- Forget: a role deletes its own key, so that the operation can run again (the next claim_key

@@ -28,7 +28,18 @@
 # and the worker wait for, printed per kind of window),
 # CLEANUP_NICE (as root: the nice value of the server and pgbench, e.g. -10, so that other
 # work on the machine takes less of the CPU from the measurement; the worker, a child of the
-# server, runs at the same value as the claims, as on a production server).
+# server, runs at the same value as the claims, as on a production server),
+# CLEANUP_DATABASES (idempotency.databases: the databases the worker serves, 'bench'; empty:
+# every database, as before 2026-12-05: the database postgres, whose extension is there for
+# the benchmark's reads, then got a worker of its own at every 100 ms interval during the
+# windows with a cleanup, a process started 5 to 10 times a second beside the claims),
+# CLEANUP_CPUS (a CPU list for taskset, e.g. 0-1: the server and pgbench run on those CPUs).
+#
+# What the tail depends on is printed with the numbers: the machine (cores, load at the start
+# and the end, the kernel), and from the worker's batches in the windows with a cleanup (the
+# throttle logs each at DEBUG2, so the server runs with log_min_messages = debug2): how many
+# it made a second, how many saw the other sessions working and what it saw of them, their
+# keys, their length on the clock and on the CPU, and the worker's share of a core.
 set -euo pipefail
 
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
@@ -46,6 +57,8 @@ OUT_FILE="${CLEANUP_OUT:-$IDEM_ROOT/bench/results/cleanup-summary.txt}"
 ensure_packages
 # Every process started from here on (the server, its backends and workers, pgbench) inherits it.
 [[ -n ${CLEANUP_NICE:-} ]] && renice -n "$CLEANUP_NICE" -p $$ >/dev/null
+[[ -n ${CLEANUP_CPUS:-} ]] && taskset -pc "$CLEANUP_CPUS" $$ >/dev/null
+load_at_start="$(cut -d' ' -f1-3 /proc/loadavg)"
 extra_conf=()
 IFS=';' read -r -a extra_conf <<<"${CLEANUP_CONF:-}"
 [[ ${BENCH_NO_BUILD:-0} == 1 ]] || build_and_install
@@ -63,6 +76,8 @@ cluster_start "$DIR" "$PORT" \
   "max_wal_size = '8GB'" \
   "checkpoint_timeout = '30min'" \
   "search_path = '\"\$user\", public, idempotency'" \
+  "log_min_messages = debug2" \
+  "idempotency.databases = '${CLEANUP_DATABASES-bench}'" \
   "${extra_conf[@]}"
 cp "$HERE/cleanup/setup.sql" "$HERE/cleanup/claim.sql" "$DIR/"
 idem_is_root && chown postgres: "$DIR"/*.sql
@@ -196,6 +211,15 @@ drain() {
   q "ALTER SYSTEM RESET idempotency.cleanup_worker" >/dev/null
   q "SELECT pg_reload_conf()" >/dev/null
 }
+# The worker's batch lines logged during a window (the throttle's DEBUG2 line, one per batch)
+# and its rounds, appended to $DIR/batches.log and $DIR/rounds.log.
+log_offset() { stat -c %s "$DIR/server.log"; }
+keep_batches() { # OFFSET
+  tail -c +"$(($1 + 1))" "$DIR/server.log" | grep -a 'idempotency cleanup: batch of' >>"$DIR/batches.log" || true
+  tail -c +"$(($1 + 1))" "$DIR/server.log" | grep -a 'idempotency cleanup of database [0-9]*: round of .* keys deleted' >>"$DIR/rounds.log" || true
+}
+: >"$DIR/batches.log"
+: >"$DIR/rounds.log"
 during_deleted=0
 per_rep=""
 left=1
@@ -204,7 +228,9 @@ for ((r = 1; r <= REPS; r++)); do
   run_pgbench "without_$r"
   set_interval 100ms
   base="$(deleted_so_far)"
+  offset="$(log_offset)"
   run_pgbench "during_$r"
+  keep_batches "$offset"
   during_deleted=$((during_deleted + $(deleted_so_far) - base))
   ((left > 0)) && left="$(q "SELECT count(*) FROM idempotency_keys WHERE key LIKE 'expired-%'")"
   set_interval 1h
@@ -221,10 +247,40 @@ waits=""
 [[ ${CLEANUP_WAITS:-0} == 1 ]] && waits="$(q "SELECT format('  %-8s %-6s %5s%%  %s', kind, who, round(100.0 * count(*) / sum(count(*)) OVER (PARTITION BY kind, who), 1), what)
   FROM bench_waits GROUP BY kind, who, what ORDER BY kind DESC, who, count(*) DESC")"
 ((left > 0)) || covered="no (the expired keys ran out before a window ended)"
+# The worker's batches in the windows with a cleanup (the throttle's DEBUG2 lines).
+window_s=$((REPS * LATENCY_SECONDS))
+rounds="$(wc -l <"$DIR/rounds.log")"
+perl -ne 'print "$1 $2 $3 $4 $5 $6 $7 $8 $9 $10 $11\n" if /batch of (\d+) keys, cost (\d+), other sessions ([a-z]+), pause (\d+) ms; took (\d+) us, (\d+) us on CPU; seen: (\d+) transactions of others, (\d+) snapshots; batch (\d+) of the run; CPU since the last pause (\d+) us, pause for the CPU share (\d+) ms/' \
+  "$DIR/batches.log" >"$DIR/batches.txt"
+# pctl COLUMN: p50, p99 and max of a column of batches.txt
+pctl() {
+  awk -v c="$1" '{ print $c }' "$DIR/batches.txt" | sort -n |
+    awk '{ v[NR] = $1 } END { a = int(NR * 0.5); b = int(NR * 0.99); if (a < 1) a = 1; if (b < 1) b = 1
+      printf "p50 %d / p99 %d / max %d us", v[a], v[b], v[NR] }'
+}
+batches="$(awk -v s="$window_s" -v rounds="$rounds" '
+    { n++; keys += $1; if ($3 == "working") { busy++; busy_keys += $1 }; paused += $4; xids += $7; snaps += $8; cpu += $6
+      if ($11 > 0 && $11 >= $4) by_cpu++ }
+    END {
+      if (n == 0) { print "  (no batch logged)"; exit }
+      printf "  %d batches in %d s (%.0f a second, in %d rounds), %d saw others working; %.0f keys a batch\n", n, s, n / s, rounds, busy, keys / n
+      printf "  keys deleted by the batches that saw others working: %.0f a second (the others ran before the clients'"'"' first claims)\n", busy_keys / s
+      printf "  seen at each look (means): %.0f transactions of others since the last, %.2f snapshots\n", xids / n, snaps / n
+      printf "  paused %.0f ms a second (%d pauses set by the CPU share); the batches on a CPU %.1f%% of the time\n", paused / s, by_cpu, 100 * cpu / (s * 1e6)
+    }' "$DIR/batches.txt")"
+[[ -s $DIR/batches.txt ]] && batches+="
+  a batch took $(pctl 5) on the clock, $(pctl 6) on the CPU
+  $(awk '$9 == 1 { f++; fc += $6 } $9 > 1 { o++; oc += $6 } END {
+      printf "on the CPU: a run'"'"'s first batch %.0f us (%d), the others %.0f us (means)", f ? fc / f : 0, f, o ? oc / o : 0 }' "$DIR/batches.txt")
+  $(sed -nE 's/.*round of ([0-9]+) ms, ([0-9]+) keys deleted.* ([0-9]+) ms on CPU since the process started.*/\1 \2 \3/p' "$DIR/rounds.log" |
+    awk '{ n++; ms += $1; keys += $2; cpu += $3 } END { if (n) printf "a round (one process): %.0f ms, %.0f keys, %.1f ms on the CPU from the process'"'"'s start (means of %d)", ms / n, keys / n, cpu / n, n }')
+  $(sed -nE 's/.*cleanup of database ([0-9]+): round of ([0-9]+) ms.* ([0-9]+) ms on CPU since the process started.*/\1 \3/p' "$DIR/rounds.log" |
+    awk -v s="$window_s" '{ n[$1]++; cpu[$1] += $2 } END { printf "the workers on a CPU, by database:"; for (d in n) printf " %s: %d rounds, %.0f ms a second (%.1f%%);", d, n[d], cpu[d] / s, cpu[d] / s / 10 }')"
+mkdir -p "$(dirname "$OUT_FILE")" && cp "$DIR/batches.txt" "${OUT_FILE%.txt}-batches.txt" && cp "$DIR/rounds.log" "${OUT_FILE%.txt}-rounds.txt" || true
 
 summary="$(
   cat <<EOF
-cleanup benchmark ($(date -u +%FT%TZ), $(nproc) cores, load $(cut -d' ' -f1-3 /proc/loadavg) at the end, PostgreSQL $(q 'SHOW server_version'), idempotency.cleanup_delay = $(q 'SHOW idempotency.cleanup_delay')${CLEANUP_CONF:+, $CLEANUP_CONF}${CLEANUP_CLIENT_OPTIONS:+, clients: $CLEANUP_CLIENT_OPTIONS}${CLEANUP_NICE:+, nice $CLEANUP_NICE})
+cleanup benchmark ($(date -u +%FT%TZ), $(nproc) cores${CLEANUP_CPUS:+ (CPUs $CLEANUP_CPUS)}, Linux $(uname -r), load $load_at_start at the start and $(cut -d' ' -f1-3 /proc/loadavg) at the end, PostgreSQL $(q 'SHOW server_version'), idempotency.cleanup_delay = $(q 'SHOW idempotency.cleanup_delay')${CLEANUP_CONF:+, $CLEANUP_CONF}${CLEANUP_CLIENT_OPTIONS:+, clients: $CLEANUP_CLIENT_OPTIONS}${CLEANUP_NICE:+, nice $CLEANUP_NICE})
 deletion of $ROWS expired keys (batches of $BATCH):
   worker      $worker_rate rows/s  ($worker_s s)
   function    $function_rate rows/s  ($function_s s, idempotency_cleanup(), its own worker)
@@ -236,6 +292,8 @@ claim_key latency, pgbench -M prepared, $CLIENTS clients, $REPS x $LATENCY_SECON
   during cleanup    p50 $p50_during ms   p99 $p99_during ms   ($n_during claims; the worker deleted $during_deleted in them, $during_rate rows/s; keys left to delete throughout: $covered)
   ratio p99 during / without   $(ratio "$p99_during" "$p99_without")   (goal: <= 1.5; per window pair:$per_rep)
   ratio p50 during / without   $(ratio "$p50_during" "$p50_without")
+the worker's batches in the windows with a cleanup (the throttle's view: other sessions working or idle):
+$batches
 ${waits:+samples of pg_stat_activity every 2 ms (window, backend, share of its samples, state):
 $waits}
 EOF

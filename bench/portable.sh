@@ -2,6 +2,11 @@
 # The portable edition against the C++ edition and a hand-written PL/pgSQL claim of the same
 # checks (issue #36), side by side on one server (the C++ library not preloaded, so that the
 # portable edition may use its settings' names): a new key, a replay, claim + complete.
+# The hand-written claim is run twice: as bench/sql/setup.sql has it (pl_claim / pl_complete,
+# no argument checks) and with the argument checks both editions make (bench/portable/
+# checked.sql), which is the comparison of issue #36. Every workload connects as bench_app,
+# a role that is neither a superuser nor the tables' owner, as an application does (so that
+# the portable edition's row-level security applies), and owns the preloaded keys.
 # Each workload is run REPS times with pgbench (prepared statements), interleaved, and the
 # median tps is printed with the ratios. Results: docs/benchmarks.md, "Portable edition".
 #
@@ -31,32 +36,45 @@ pg_psql -d cpp -v nkeys=$NKEYS -f "$DIR/setup.sql" >/dev/null
 sed 's/^CREATE EXTENSION idempotency;$//' "$DIR/setup.sql" | as_pg tee "$DIR/setup-portable.sql" >/dev/null
 pg_psql -d portable -f "$DIR/portable.sql" >/dev/null
 pg_psql -d portable -v nkeys=$NKEYS -f "$DIR/setup-portable.sql" >/dev/null
+pg_psql -d cpp -f "$DIR/checked.sql" >/dev/null
+# The application role: USAGE on the schema, the hand-written table, the preloaded keys.
+pg_psql -c "CREATE ROLE bench_app LOGIN" >/dev/null
+for db in cpp portable; do
+  pg_psql -d "$db" -c "GRANT USAGE ON SCHEMA idempotency TO bench_app" \
+    -c "UPDATE idempotency.idempotency_keys SET owner = 'bench_app', owner_oid = 'bench_app'::regrole" \
+    -c "VACUUM ANALYZE idempotency.idempotency_keys" >/dev/null
+done
+pg_psql -d cpp -c "GRANT SELECT, INSERT, UPDATE ON pl_keys TO bench_app" \
+  -c "UPDATE pl_keys SET owner = 'bench_app', owner_oid = 'bench_app'::regrole" -c "VACUUM ANALYZE pl_keys" >/dev/null
 
 run() { # DB WORKLOAD -> tps
   as_pg pgbench -n -M prepared -c "$CLIENTS" -j "$CLIENTS" -T "$SECONDS_PER_RUN" -D nkeys=$NKEYS \
-    -f "$DIR/$2.sql" "$1" 2>/dev/null | sed -nE 's/^tps = ([0-9.]+).*/\1/p'
+    -U bench_app -f "$DIR/$2.sql" "$1" 2>/dev/null | sed -nE 's/^tps = ([0-9.]+).*/\1/p'
 }
 median() { sort -n | awk '{v[NR] = $1} END {print v[int((NR + 1) / 2)]}'; }
 
 declare -A TPS=()
 for workload in new_key replay inbox; do
-  declare -a cpp=() portable=() pl=()
+  declare -a cpp=() portable=() pl=() plc=()
   for ((r = 1; r <= REPS; r++)); do
     cpp+=("$(run cpp "$workload")")
     portable+=("$(run portable "$workload")")
     pl+=("$(run cpp "pl_$workload")")
+    plc+=("$(run cpp "plc_$workload")")
   done
   TPS[$workload.cpp]="$(printf '%s\n' "${cpp[@]}" | median)"
   TPS[$workload.portable]="$(printf '%s\n' "${portable[@]}" | median)"
   TPS[$workload.pl]="$(printf '%s\n' "${pl[@]}" | median)"
+  TPS[$workload.plc]="$(printf '%s\n' "${plc[@]}" | median)"
 done
 cluster_stop "$DIR/server"
 
-printf '%s clients, %s s per run, median of %s runs (tps)\n\n' "$CLIENTS" "$SECONDS_PER_RUN" "$REPS"
-printf '| workload | C++ | portable | hand-written PL/pgSQL | portable / C++ | portable / hand-written |\n'
-printf '|---|---|---|---|---|---|\n'
+printf '%s clients as bench_app, %s s per run, median of %s runs (tps)\n\n' "$CLIENTS" "$SECONDS_PER_RUN" "$REPS"
+printf '| workload | C++ | portable | hand-written, checked | hand-written, no checks | portable / C++ | portable / hand-written, checked | portable / hand-written, no checks |\n'
+printf '|---|---|---|---|---|---|---|---|\n'
+ratio() { awk -v a="$1" -v b="$2" 'BEGIN {printf "%.2f", a / b}'; }
 for workload in new_key replay inbox; do
-  c="${TPS[$workload.cpp]}" p="${TPS[$workload.portable]}" h="${TPS[$workload.pl]}"
-  printf '| %s | %.0f | %.0f | %.0f | %.2f | %.2f |\n' "$workload" "$c" "$p" "$h" \
-    "$(awk -v a="$p" -v b="$c" 'BEGIN {print a / b}')" "$(awk -v a="$p" -v b="$h" 'BEGIN {print a / b}')"
+  c="${TPS[$workload.cpp]}" p="${TPS[$workload.portable]}" h="${TPS[$workload.pl]}" hc="${TPS[$workload.plc]}"
+  printf '| %s | %.0f | %.0f | %.0f | %.0f | %s | %s | %s |\n' "$workload" "$c" "$p" "$hc" "$h" \
+    "$(ratio "$p" "$c")" "$(ratio "$p" "$hc")" "$(ratio "$p" "$h")"
 done

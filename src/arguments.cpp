@@ -3,6 +3,7 @@
 
 #include "caller.hpp"
 #include "gucs.hpp"
+#include "pg/fmgr.hpp"
 
 namespace idem::arguments {
 
@@ -18,7 +19,7 @@ Caller calling(const char* function_name) {
 }
 
 text* text_argument(FunctionCallInfo fcinfo, int n) {
-  return pg_call([&] { return PG_GETARG_TEXT_PP(n); });
+  return pg::fmgr::text_argument(fcinfo, n);
 }
 
 [[noreturn]] void reject_null_key() {
@@ -70,12 +71,14 @@ Interval seconds_interval(int seconds) {
 // An optional interval argument (ttl, lease) that must be positive and at most
 // idempotency.max_<name>; NULL takes idempotency.default_<name>, held to the same maximum
 // (a superuser may set the two apart).
+// setting_stem names the settings that bound the argument: idempotency.default_<stem> and
+// idempotency.max_<stem> (a response_ttl is bounded by the ttl's).
 Interval bounded_interval_argument(FunctionCallInfo fcinfo, int n, const char* name,
-                                   int default_seconds, int max_seconds) {
+                                   const char* setting_stem, int default_seconds, int max_seconds) {
   // The setting names only go into a message: built on the way to an error, never on the
   // way to an answer (a replay pays for no string).
-  auto setting = [name] { return std::string("idempotency.default_") + name; };
-  auto limit = [name] { return std::string("idempotency.max_") + name; };
+  auto setting = [setting_stem] { return std::string("idempotency.default_") + setting_stem; };
+  auto limit = [setting_stem] { return std::string("idempotency.max_") + setting_stem; };
   if (PG_ARGISNULL(n)) {
     if (default_seconds > max_seconds)
       throw Error(ERRCODE_INVALID_PARAMETER_VALUE, setting() + " exceeds " + limit(),
@@ -96,12 +99,12 @@ Interval bounded_interval_argument(FunctionCallInfo fcinfo, int n, const char* n
 // An optional bytea or text argument of at most `limit` bytes (the fingerprint, the recovery
 // point), measured before it is detoasted: an oversized value is refused without being read.
 struct varlena* bounded_varlena(Datum raw, const char* name, const char* setting, int limit) {
-  size_t size = pg_call([&] { return toast_raw_datum_size(raw); }) - VARHDRSZ;
+  size_t size = pg::fmgr::raw_size(raw) - VARHDRSZ;
   if (size > static_cast<size_t>(limit))
     throw Error(ERRCODE_STRING_DATA_RIGHT_TRUNCATION, std::string(name) + " is too long",
                 "The " + std::string(name) + " has " + std::to_string(size) + " bytes; " + setting +
                     " is " + std::to_string(limit) + ".");
-  return pg_call([&] { return PG_DETOAST_DATUM_PACKED(raw); });
+  return pg::fmgr::detoast_packed(raw);
 }
 
 struct varlena* bounded_varlena_argument(FunctionCallInfo fcinfo, int n, const char* name,
@@ -134,25 +137,22 @@ TimestampTz add_interval(TimestampTz time, const Interval& interval) {
   if (interval.month == 0 && interval.day == 0 && !TIMESTAMP_NOT_FINITE(time) &&
       !pg_add_s64_overflow(time, interval.time, &sum) && IS_VALID_TIMESTAMP(sum))
     return sum;
-  return pg_call([&] {
-    return DatumGetTimestampTz(DirectFunctionCall2(
-        timestamptz_pl_interval, TimestampTzGetDatum(time), IntervalPGetDatum(&interval)));
-  });
+  return pg::fmgr::plus_interval(time, interval);
 }
 
 Interval ttl_argument(FunctionCallInfo fcinfo, int n) {
-  return bounded_interval_argument(fcinfo, n, "ttl", gucs::default_ttl_seconds,
+  return bounded_interval_argument(fcinfo, n, "ttl", "ttl", gucs::default_ttl_seconds,
                                    gucs::max_ttl_seconds);
 }
 
 std::optional<Interval> response_ttl_argument(FunctionCallInfo fcinfo, int n) {
   if (!argument_given(fcinfo, n)) return std::nullopt;
-  return bounded_interval_argument(fcinfo, n, "response_ttl", gucs::default_ttl_seconds,
+  return bounded_interval_argument(fcinfo, n, "response_ttl", "ttl", gucs::default_ttl_seconds,
                                    gucs::max_ttl_seconds);
 }
 
 Interval lease_argument(FunctionCallInfo fcinfo, int n) {
-  return bounded_interval_argument(fcinfo, n, "lease", gucs::default_lease_seconds,
+  return bounded_interval_argument(fcinfo, n, "lease", "lease", gucs::default_lease_seconds,
                                    gucs::max_lease_seconds);
 }
 

@@ -12,6 +12,10 @@
 // whole call, which then changes nothing; its detail names the element.
 #include "claim_protocol.hpp"
 #include "responses.hpp"
+#include "pg/arrays.hpp"
+#include "pg/fmgr.hpp"
+#include "pg/memory.hpp"
+#include "pg/srf.hpp"
 
 namespace idem::batches {
 namespace {
@@ -35,7 +39,7 @@ ArrayArgument array_argument(FunctionCallInfo fcinfo, int n, Oid element_type, c
                              int expected_count) {
   ArrayArgument argument;
   if (PG_ARGISNULL(n)) return argument;
-  ArrayType* array = pg_call([&] { return PG_GETARG_ARRAYTYPE_P(n); });
+  ArrayType* array = pg::arrays::argument(fcinfo, n);
   if (ARR_NDIM(array) > 1)
     throw Error(ERRCODE_ARRAY_SUBSCRIPT_ERROR,
                 std::string(name) + " must be a one-dimensional array",
@@ -68,9 +72,7 @@ class ElementWalk {
   ElementWalk(std::initializer_list<const ArrayArgument*> arrays) {
     for (const ArrayArgument* argument : arrays) {
       ArrayType* array = argument->array;
-      iterators_[count_++] =
-          array == nullptr ? nullptr
-                           : pg_call([&] { return array_create_iterator(array, 0, nullptr); });
+      iterators_[count_++] = array == nullptr ? nullptr : pg::arrays::iterate(array);
     }
   }
   // Moves every array to its next element.
@@ -81,7 +83,7 @@ class ElementWalk {
       ArrayIterator iterator = iterators_[k];
       Datum* value = &values_[k];
       bool* is_null = &nulls_[k];
-      if (!pg_call([&] { return array_iterate(iterator, value, is_null); })) *is_null = true;
+      if (!pg::arrays::next(iterator, value, is_null)) *is_null = true;
     }
   }
   Datum value(int k) const { return values_[k]; }
@@ -117,12 +119,10 @@ struct BatchOutput {
 
 BatchOutput begin_batch_output(FunctionCallInfo fcinfo) {
   BatchOutput output;
-  pg_call([&] {
-    InitMaterializedSRF(fcinfo, 0);
-    auto* result_info = reinterpret_cast<ReturnSetInfo*>(fcinfo->resultinfo);
-    output.rows = result_info->setResult;
-    output.descriptor = result_info->setDesc;
-  });
+  pg::srf::materialize(fcinfo);
+  auto* result_info = reinterpret_cast<ReturnSetInfo*>(fcinfo->resultinfo);
+  output.rows = result_info->setResult;
+  output.descriptor = result_info->setDesc;
   if (output.descriptor->natts != 2 + claim_result::kBatchResultFields ||
       TupleDescAttr(output.descriptor, 0)->atttypid != INT4OID ||
       TupleDescAttr(output.descriptor, 1)->atttypid != TEXTOID)
@@ -143,7 +143,7 @@ void put_batch_row(const BatchOutput& output, int ordinality, Datum key,
   claim_result::ResultStorage storage;
   claim_result::fill(result, output.status_type, values + 2, nulls + 2, storage,
                      claim_result::kBatchResultFields);
-  pg_call([&] { tuplestore_putvalues(output.rows, output.descriptor, values, nulls); });
+  pg::srf::put_row(output.rows, output.descriptor, values, nulls);
 }
 
 // Checks every element with `check(walk, ordinality)` before any is acted on (a bad element
@@ -154,10 +154,8 @@ template <typename Check, typename Work>
 void for_each_element(FunctionCallInfo fcinfo, std::initializer_list<const ArrayArgument*> arrays,
                       int count, Check&& check, Work&& work) {
   MemoryContext function_context = CurrentMemoryContext;
-  MemoryContext per_element = pg_call([&] {
-    return AllocSetContextCreate(function_context, "idempotency batch element",
-                                 ALLOCSET_DEFAULT_SIZES);
-  });
+  MemoryContext per_element =
+      pg::memory::new_context(function_context, "idempotency batch element");
   {
     ElementWalk walk(arrays);
     for (int i = 1; i <= count; ++i) {
@@ -165,7 +163,7 @@ void for_each_element(FunctionCallInfo fcinfo, std::initializer_list<const Array
       MemoryContextSwitchTo(per_element);
       for_element(i, [&] { return check(walk, i); });
       MemoryContextSwitchTo(function_context);
-      MemoryContextReset(per_element);  // pg: a reset does not raise
+      pg::memory::reset(per_element);
     }
   }
   BatchOutput output = begin_batch_output(fcinfo);
@@ -178,7 +176,7 @@ void for_each_element(FunctionCallInfo fcinfo, std::initializer_list<const Array
       put_batch_row(output, i, walk.value(0),
                     for_element(i, [&] { return work(store, at, walk); }));
       MemoryContextSwitchTo(function_context);
-      MemoryContextReset(per_element);  // pg: a reset does not raise
+      pg::memory::reset(per_element);
     }
     return true;
   });
@@ -188,7 +186,7 @@ void for_each_element(FunctionCallInfo fcinfo, std::initializer_list<const Array
 // The key of the current element, checked (keys are the walk's first array).
 KeyName element_name(const ElementWalk& walk, text* scope) {
   if (walk.is_null(0)) reject_null_key();
-  text* key = pg_call([&] { return DatumGetTextPP(walk.value(0)); });
+  text* key = pg::fmgr::text_value(walk.value(0));
   return checked_name(scope, key);
 }
 

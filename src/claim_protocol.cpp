@@ -27,6 +27,7 @@
 #include "responses.hpp"
 #include "stats.hpp"
 #include "uuid_v7.hpp"
+#include "pg/errors.hpp"
 
 namespace idem::claim_protocol {
 namespace {
@@ -200,7 +201,7 @@ key_store::Owner owner_of(const Caller& caller) {
 
 KeyRow explain_fence(Session& store, const KeyName& name, const pg_uuid_t& token,
                      const Caller& caller, TimestampTz now) {
-  std::optional<KeyRow> row = store.find(caller.name, name.scope, name.key);
+  std::optional<KeyRow> row = store.find(caller.name, name.scope, name.key, Read::kLatest);
   if (!live_for(row, caller, now)) reject_missing(name);
   if (row->completed && same_token(row->lease_token, token)) return *row;
   if (row->completed)
@@ -244,7 +245,8 @@ ClaimResult claim(Session& store, const ClaimRequest& request) {
     // Every look is the dirty-snapshot look where the direct path may read: after waiting it
     // sees the holder's end, and a snapshot transaction gets 40001 instead of a stale row.
     const std::optional<KeyRow> row =
-        store.peek(request.caller.name, name.scope, name.key, &known_absent, !first_look);
+        store.peek(request.caller.name, name.scope, name.key, &known_absent,
+                   first_look ? Read::kStatement : Read::kLatest);
     Attempt attempt;
     switch (judge(row, request.fingerprint, request.caller, now)) {
       case Verdict::kMismatch:
@@ -337,12 +339,11 @@ bool forget(Session& store, const KeyName& name, const std::optional<pg_uuid_t>&
   const bool live_claim = !expired && !locked->completed && locked->lease_token &&
                           locked->locked_until && *locked->locked_until > now;
   if (live_claim && !token)
-    throw Error(
-        ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE,
-        "idempotency key " + name.describe() + " is held by a live claim",
-        "The claim's lease ends at " +
-            std::string(pg_call([&] { return timestamptz_to_str(*locked->locked_until); })) + ".",
-        "Pass the claim's token to forget it, or release or complete it first.");
+    throw Error(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE,
+                "idempotency key " + name.describe() + " is held by a live claim",
+                "The claim's lease ends at " +
+                    std::string(pg::errors::timestamp_text(*locked->locked_until)) + ".",
+                "Pass the claim's token to forget it, or release or complete it first.");
   if (!store.remove(caller.name, name.scope, name.key)) return false;
   stats::count(stats::kForgotten);
   // Waiters on a claim that is gone now claim the key at once.
@@ -365,7 +366,7 @@ KeyRow complete(Session& store, const KeyName& name, const pg_uuid_t& token,
   } else {
     // A fresh snapshot, not the statement's: the claim may have been made earlier in this
     // very statement (claims of more keys than own_claims keeps), invisible to that snapshot.
-    std::optional<KeyRow> row = store.find(caller.name, name.scope, name.key);
+    std::optional<KeyRow> row = store.find(caller.name, name.scope, name.key, Read::kLatest);
     if (!live_for(row, caller, now)) reject_missing(name);
     expires_at = add_interval(now, row->ttl);
   }
@@ -406,7 +407,7 @@ TimestampTz checkpoint(Session& store, const KeyName& name, const pg_uuid_t& tok
                        const Caller& caller, text* recovery_point, std::optional<Interval> lease,
                        TimestampTz now) {
   if (!lease) {
-    const std::optional<KeyRow> row = store.find(caller.name, name.scope, name.key);
+    const std::optional<KeyRow> row = store.find(caller.name, name.scope, name.key, Read::kLatest);
     if (!live_for(row, caller, now)) reject_missing(name);
     lease = row->lease;
   }

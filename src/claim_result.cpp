@@ -2,6 +2,7 @@
 #include "claim_result.hpp"
 
 #include "result_scan.hpp"
+#include "pg/types.hpp"
 
 namespace idem::claim_result {
 namespace {
@@ -28,16 +29,12 @@ ResultType result_type;
 const Oid* status_labels(Oid status_type) {
   if (status_type == labels.status_type) return labels.oids;
   Labels loaded;
-  pg_call([&] {
-    for (int i = 0; i < 5; ++i) {
-      loaded.oids[i] =
-          GetSysCacheOid2(ENUMTYPOIDNAME, Anum_pg_enum_oid, ObjectIdGetDatum(status_type),
-                          CStringGetDatum(kStatusLabels[i]));
-      if (!OidIsValid(loaded.oids[i]))
-        ereport(ERROR, (errcode(ERRCODE_UNDEFINED_OBJECT),
-                        errmsg("claim_status has no label \"%s\"", kStatusLabels[i])));
-    }
-  });
+  for (int i = 0; i < 5; ++i) {
+    loaded.oids[i] = pg::types::enum_label(status_type, kStatusLabels[i]);
+    if (!OidIsValid(loaded.oids[i]))
+      throw Error(ERRCODE_UNDEFINED_OBJECT,
+                  std::string("claim_status has no label \"") + kStatusLabels[i] + "\"");
+  }
   loaded.status_type = status_type;
   labels = loaded;
   return labels.oids;
@@ -45,17 +42,9 @@ const Oid* status_labels(Oid status_type) {
 
 // Returns the claim_result OID of this call, loading its status type when it changed.
 Oid claim_result_type(FunctionCallInfo fcinfo) {
-  Oid type = pg_call([&] {
-    Oid t = get_fn_expr_rettype(fcinfo->flinfo);
-    return OidIsValid(t) ? t : get_func_rettype(fcinfo->flinfo->fn_oid);
-  });
+  const Oid type = pg::types::call_result_type(fcinfo);
   if (type == result_type.type) return type;
-  Oid status_type = pg_call([&] {
-    TupleDesc descriptor = lookup_rowtype_tupdesc(type, -1);
-    Oid t = TupleDescAttr(descriptor, 0)->atttypid;
-    ReleaseTupleDesc(descriptor);
-    return t;
-  });
+  const Oid status_type = pg::types::first_field_type(type);
   result_type = {type, status_type};
   return type;
 }
@@ -111,18 +100,9 @@ Datum as_datum(FunctionCallInfo fcinfo, const ClaimResult& result) {
   ResultStorage storage;
   fill(result, result_type.status_type, values, nulls, storage);
   // The type cache's descriptor of a named composite type needs no blessing.
-  return pg_call([&] {
-    TupleDesc descriptor = lookup_rowtype_tupdesc(type, -1);
-    // A claim_result of an older version (before ALTER EXTENSION UPDATE) has fewer fields.
-    if (descriptor->natts != kResultFields)
-      ereport(ERROR,
-              (errcode(ERRCODE_DATATYPE_MISMATCH),
-               errmsg("claim_result has %d fields, not %d", descriptor->natts, kResultFields),
-               errhint("Run ALTER EXTENSION idempotency UPDATE in this database.")));
-    HeapTuple tuple = heap_form_tuple(descriptor, values, nulls);
-    ReleaseTupleDesc(descriptor);
-    return HeapTupleGetDatum(tuple);
-  });
+  // A claim_result of an older version (before ALTER EXTENSION UPDATE) has fewer fields.
+  return pg::types::composite(type, kResultFields, values, nulls, "claim_result",
+                              "Run ALTER EXTENSION idempotency UPDATE in this database.");
 }
 
 ClaimResult stored_answer(Status status, const key_store::KeyRow& row, TimestampTz now) {

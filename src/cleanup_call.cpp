@@ -185,6 +185,7 @@ void call_main(dsm_handle handle) {
   std::string failure;
   const TimestampTz started = GetCurrentTimestamp();
   try {
+    worker_session::cancel_on_stop();
     cleanup::run(request, progress);
   } catch (PgError& e) {
     ErrorData* error = e.release();

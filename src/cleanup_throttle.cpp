@@ -1,6 +1,8 @@
 // The pace of the cleanup's batches (cleanup_throttle.hpp).
 #include "cleanup_throttle.hpp"
 
+#include <time.h>
+
 #include <algorithm>
 #include <cmath>
 
@@ -28,6 +30,13 @@ int pause_ms(double cost, bool busy, int cost_limit, int delay_ms) {
   return static_cast<int>(std::min<double>(std::ceil(pause), kMaxPauseMs));
 }
 
+int cpu_pause_ms(int64 cpu_us, bool busy, int share_percent) {
+  if (!busy || share_percent >= 100 || cpu_us <= 0) return 0;
+  const double pause_us =
+      static_cast<double>(cpu_us) * (100 - share_percent) / std::max(share_percent, 1);
+  return static_cast<int>(std::min<double>(std::ceil(pause_us / 1000), kMaxPauseMs));
+}
+
 int batch_rows(bool busy, int batch_size, int cost_limit, double cost_per_key) {
   if (!busy) return batch_size;
   const double per_key = cost_per_key > 0 ? cost_per_key : kFirstCostPerKey;
@@ -36,9 +45,20 @@ int batch_rows(bool busy, int batch_size, int cost_limit, double cost_per_key) {
 }
 
 Throttle::Throttle(pid_t requester)
-    : requester_(requester), next_xid_(ReadNextFullTransactionId()) {}
+    : requester_(requester),
+      next_xid_(ReadNextFullTransactionId()),
+      cpu_at_pause_end_us_(cpu_now_us()) {}
+
+// The CPU time this process has used, in microseconds (0 if the clock cannot be read).
+int64 Throttle::cpu_now_us() {
+  timespec now{};
+  if (clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &now) != 0) return 0;
+  return int64{now.tv_sec} * 1000000 + now.tv_nsec / 1000;
+}
 
 int Throttle::start_batch(int batch_size) {
+  batch_started_ = GetCurrentTimestamp();
+  batch_cpu_started_us_ = cpu_now_us();
   hits_ = pgBufferUsage.shared_blks_hit;
   misses_ = pgBufferUsage.shared_blks_read;
   dirtied_ = pgBufferUsage.shared_blks_dirtied;
@@ -57,8 +77,9 @@ double Throttle::cost_since_start() const {
 bool Throttle::others_work() {
   const FullTransactionId next = ReadNextFullTransactionId();
   // Each batch since the last look took at most one transaction ID.
-  const bool wrote =
-      U64FromFullTransactionId(next) - U64FromFullTransactionId(next_xid_) > own_transactions_;
+  const uint64 taken = U64FromFullTransactionId(next) - U64FromFullTransactionId(next_xid_);
+  const bool wrote = taken > own_transactions_;
+  others_xids_ = wrote ? taken - own_transactions_ : 0;
   next_xid_ = next;
   own_transactions_ = 0;
   const bool running = pg_call([&] {
@@ -72,6 +93,7 @@ bool Throttle::others_work() {
       const PGPROC* proc = BackendPidGetProc(requester_);
       if (proc != nullptr && TransactionIdIsValid(proc->xmin)) --count;
     }
+    others_snapshots_ = count;
     return count > 0;
   });
   const TimestampTz now = GetCurrentTimestamp();
@@ -82,14 +104,29 @@ bool Throttle::others_work() {
 
 void Throttle::pause_after_batch(uint64 deleted) {
   const double cost = cost_since_start();
+  const int64 took_us = GetCurrentTimestamp() - batch_started_;
+  const int64 cpu_us = cpu_now_us() - batch_cpu_started_us_;
+  ++batches_;
   if (deleted > 0) cost_per_key_ = cost / static_cast<double>(deleted);
   ++own_transactions_;
   const bool busy = others_work();
-  const int delay_ms = pause_ms(cost, busy, gucs::cleanup_cost_limit, gucs::cleanup_delay_ms);
+  // The CPU time since the last pause ended (the first time: since the run started): the
+  // batch with its transaction, lookups and commit, and the look.
+  const int64 cpu_charged_us = cpu_now_us() - cpu_at_pause_end_us_;
+  const int cost_pause = pause_ms(cost, busy, gucs::cleanup_cost_limit, gucs::cleanup_delay_ms);
+  const int cpu_pause = cpu_pause_ms(cpu_charged_us, busy, gucs::cleanup_cpu_share);
+  const int delay_ms = std::max(cost_pause, cpu_pause);
   pg_call([&] {
-    ereport(DEBUG2, (errmsg_internal("idempotency cleanup: batch of " UINT64_FORMAT
-                                     " keys, cost %.0f, other sessions %s, pause %d ms",
-                                     deleted, cost, busy ? "working" : "idle", delay_ms)));
+    ereport(DEBUG2,
+            (errmsg_internal("idempotency cleanup: batch of " UINT64_FORMAT
+                             " keys, cost %.0f, other sessions %s, pause %d ms; took %ld us, "
+                             "%ld us on CPU; seen: " UINT64_FORMAT
+                             " transactions of others, %d snapshots; batch %d of the run; "
+                             "CPU since the last pause %ld us, pause for the CPU share %d ms",
+                             deleted, cost, busy ? "working" : "idle", delay_ms,
+                             static_cast<long>(took_us), static_cast<long>(cpu_us), others_xids_,
+                             others_snapshots_, batches_, static_cast<long>(cpu_charged_us),
+                             cpu_pause)));
     // The whole pause: a latch set for anything but a stop (a reload, a catch-up interrupt)
     // does not shorten it.
     const TimestampTz until = GetCurrentTimestamp() + int64{delay_ms} * 1000;
@@ -100,6 +137,7 @@ void Throttle::pause_after_batch(uint64 deleted) {
       ResetLatch(MyLatch);
     }
   });
+  cpu_at_pause_end_us_ = cpu_now_us();
   if (delay_ms > 0) {
     ++pauses_;
     paused_ms_ += delay_ms;

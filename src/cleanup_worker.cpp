@@ -15,6 +15,7 @@
 
 #include "cleanup.hpp"
 #include "cleanup_shared.hpp"
+#include "cleanup_throttle.hpp"
 #include "gucs.hpp"
 #include "pg_boundary.hpp"
 #include "stats.hpp"
@@ -57,10 +58,11 @@ void log_round(const cleanup::Progress& progress, TimestampTz started) noexcept 
               (errmsg_internal(
                   "idempotency cleanup of database %u: round of %ld ms, " UINT64_FORMAT
                   " keys deleted, orphan pass %s, peak memory %zu bytes, %d pauses of %ld ms "
-                  "in all",
+                  "in all, %ld ms on CPU since the process started",
                   MyDatabaseId, static_cast<long>((GetCurrentTimestamp() - started) / 1000),
                   progress.deleted, progress.orphan_pass ? "yes" : "no", progress.peak_memory,
-                  progress.pauses, static_cast<long>(progress.paused_ms))));
+                  progress.pauses, static_cast<long>(progress.paused_ms),
+                  static_cast<long>(cleanup::Throttle::cpu_now_us() / 1000))));
     });
   } catch (...) {
   }
@@ -83,6 +85,7 @@ cleanup_shared::Outcome run_round() noexcept {
   std::string failure;
   bool stopped = false;
   try {
+    worker_session::cancel_on_stop();
     cleanup::run(request, progress);
   } catch (PgError& e) {
     // SIGTERM cancels the statement under way: a stop, not a failure.

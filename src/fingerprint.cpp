@@ -7,6 +7,8 @@
 // different documents can produce the same stream.
 #include "pg_boundary.hpp"
 #include "sha256.hpp"
+#include "pg/fmgr.hpp"
+#include "pg/jsonb.hpp"
 
 namespace idem::fingerprint {
 namespace {
@@ -23,7 +25,7 @@ void hash_scalar(Sha256& sha, const JsonbValue& value) {
       sha.token('s', value.val.string.val, static_cast<uint32_t>(value.val.string.len));
       break;
     case jbvNumeric: {
-      const char* text = pg_call([&] { return numeric_normalize(value.val.numeric); });
+      const char* text = pg::jsonb::normalized_numeric(value.val.numeric);
       sha.token('#', text, static_cast<uint32_t>(strlen(text)));
       break;
     }
@@ -34,10 +36,10 @@ void hash_scalar(Sha256& sha, const JsonbValue& value) {
 
 bytea* of_jsonb(Jsonb* document) {
   Sha256 sha;
-  JsonbIterator* it = pg_call([&] { return JsonbIteratorInit(&document->root); });
+  JsonbIterator* it = pg::jsonb::iterate(&document->root);
   JsonbValue value;
   JsonbIteratorToken token;
-  while ((token = pg_call([&] { return JsonbIteratorNext(&it, &value, false); })) != WJB_DONE) {
+  while ((token = pg::jsonb::next(&it, &value)) != WJB_DONE) {
     switch (token) {
       case WJB_BEGIN_ARRAY:
         // A raw scalar is stored as a one-element pseudo array; keep it apart from [x].
@@ -73,13 +75,13 @@ bytea* of_bytes(const char* data, size_t length) {
 }
 
 Datum sql_fingerprint_jsonb(FunctionCallInfo fcinfo) {
-  Jsonb* document = pg_call([&] { return PG_GETARG_JSONB_P(0); });
+  Jsonb* document = pg::fmgr::jsonb_argument(fcinfo);
   PG_RETURN_BYTEA_P(of_jsonb(document));
 }
 
 // text and bytea share one body: both are varlenas whose bytes are hashed as they are.
 Datum sql_fingerprint_bytes(FunctionCallInfo fcinfo) {
-  struct varlena* data = pg_call([&] { return PG_DETOAST_DATUM_PACKED(PG_GETARG_DATUM(0)); });
+  struct varlena* data = pg::fmgr::detoast_packed(PG_GETARG_DATUM(0));
   PG_RETURN_BYTEA_P(of_bytes(VARDATA_ANY(data), VARSIZE_ANY_EXHDR(data)));
 }
 

@@ -18,9 +18,11 @@ int cleanup_interval_ms = 60 * 1000;
 int cleanup_batch_size = 5000;
 int cleanup_delay_ms = 5;
 int cleanup_cost_limit = 200;
+int cleanup_cpu_share = 100;
 char* databases = nullptr;
 bool executor_path = false;
 bool result_scan = true;
+int wait_recheck_ms = 200;
 bool cleanup_worker = true;
 
 namespace {
@@ -59,6 +61,12 @@ void define_cleanup() {
       "Counted as vacuum counts it (vacuum_cost_page_hit, _miss, _dirty); a batch is cut to "
       "what it buys. Where nobody else works, the cleanup does not pause.",
       &cleanup_cost_limit, 200, 1, 10000, PGC_SIGHUP, 0, nullptr, nullptr, nullptr);
+  DefineCustomIntVariable(
+      "idempotency.cleanup_cpu_share",
+      "Most of a CPU, in percent, the cleanup uses while other sessions work.",
+      "Measured on the process's CPU clock, every batch's fixed work included; after a batch "
+      "the cleanup pauses long enough to stay under it. 100 = no such limit.",
+      &cleanup_cpu_share, 100, 1, 100, PGC_SIGHUP, 0, nullptr, nullptr, nullptr);
   DefineCustomStringVariable("idempotency.databases",
                              "Databases the cleanup worker serves (empty: every database).",
                              "A comma-separated list of database names.", &databases, "",
@@ -127,6 +135,16 @@ void define() {
       "function's row as it is.",
       "off: PostgreSQL's function scan, which copies the row through a tuplestore.", &result_scan,
       true, PGC_USERSET, 0, nullptr, nullptr, nullptr);
+  // Superuser-only: a long interval leaves a waiter asleep where only the safety net wakes it
+  // (a prepared holder, a lease that runs out). The tests set it to tell a wake-up by the
+  // holder's end from the safety net by events instead of by the clock (test/t/046).
+  DefineCustomIntVariable(
+      "idempotency.wait_recheck_interval",
+      "Longest sleep of a waiting claim without a wake-up before it looks at its key again.",
+      "The safety net for holders that end without waking their waiters; for tests and "
+      "diagnosis.",
+      &wait_recheck_ms, 200, 1, 24 * 60 * 60 * 1000, PGC_SUSET, GUC_UNIT_MS, nullptr, nullptr,
+      nullptr);
   define_cleanup();
   MarkGUCPrefixReserved("idempotency");
 }

@@ -27,11 +27,16 @@ extern bool executor_path;
 // idempotency.result_scan: claim_key / complete_key in FROM run by our scan (result_scan.hpp).
 extern bool result_scan;
 
+// idempotency.wait_recheck_interval: the longest a waiting claim sleeps without a wake-up
+// before it looks at its key again (key_wait.hpp's safety net).
+extern int wait_recheck_ms;
+
 // Read by the cleanup worker.
 extern int cleanup_interval_ms;
 extern int cleanup_batch_size;
 extern int cleanup_delay_ms;    // the throttle's pause once its budget is spent
 extern int cleanup_cost_limit;  // the throttle's budget between two pauses
+extern int cleanup_cpu_share;   // the throttle's most of a CPU (%) while others work
 extern char* databases;         // comma-separated list, empty = every database
 extern bool cleanup_worker;     // off: the worker leaves the server (or a database) alone
 

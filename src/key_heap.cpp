@@ -28,6 +28,24 @@ bool probe(Relation table, Relation primary_key, Snapshot snapshot, text* owner,
 }
 
 // pg-frame: runs inside pg_call only (declared in key_heap_scan.hpp).
+Snapshot snapshot_of(Read read, SnapshotData* dirty) {
+  switch (read) {
+    case Read::kDirty:
+      InitDirtySnapshot(*dirty);
+      return dirty;
+    case Read::kStatement:
+      return GetActiveSnapshot();
+    case Read::kLatest:
+      return IsolationUsesXactSnapshot() ? GetActiveSnapshot() : GetLatestSnapshot();
+    case Read::kNow:
+      return GetLatestSnapshot();
+    case Read::kSelf:
+      return SnapshotSelf;
+  }
+  return GetActiveSnapshot();
+}
+
+// pg-frame: runs inside pg_call only (declared in key_heap_scan.hpp).
 bool serialization_conflict(Relation table, TupleTableSlot* slot) {
   if (!IsolationUsesXactSnapshot()) return false;
   bool should_free = false;
@@ -35,12 +53,14 @@ bool serialization_conflict(Relation table, TupleTableSlot* slot) {
   TransactionId inserter = HeapTupleHeaderGetXmin(tuple->t_data);
   if (should_free) heap_freetuple(tuple);
   return !TransactionIdIsCurrentTransactionId(inserter) &&
-         !table_tuple_satisfies_snapshot(table, slot, GetActiveSnapshot());
+         !table_tuple_satisfies_snapshot(table, slot, snapshot_of(Read::kStatement, nullptr));
 }
 
 Relation OpenTable::table() {
-  if (table_ == nullptr) pg_call([&] { table_ = table_open(oid_, RowExclusiveLock); });
+  const bool opening = table_ == nullptr;
+  if (opening) pg_call([&] { table_ = table_open(oid_, RowExclusiveLock); });
   (void)key_layout::of(table_);  // a reload (after an invalidation) is checked again
+  if (opening) route_.table_opened(table_);
   return table_;
 }
 
@@ -111,11 +131,11 @@ void OpenTable::close() {
 
 namespace {
 
-// Probes the primary key for (owner, scope, key) with `snapshot`. `take` gets the table and
-// the slot holding the version found (nullptr when there is none) and says whether that
-// version is the row to decode into `*row`.
+// Probes the primary key for (owner, scope, key) with `read` (Read::kDirty uses `dirty`).
+// `take` gets the table and the slot holding the version found (nullptr when there is none)
+// and says whether that version is the row to decode into `*row`.
 template <typename Take>
-void read_key(OpenTable& open, text* owner, text* scope, text* key, Snapshot snapshot,
+void read_key(OpenTable& open, text* owner, text* scope, text* key, Read read, SnapshotData* dirty,
               MemoryContext context, std::optional<KeyRow>* row, Take&& take) {
   // No privilege check, unlike the writes: every caller acts as the extension owner, who owns
   // the table (caller.hpp); the caller's own rights are never what reads it.
@@ -127,7 +147,7 @@ void read_key(OpenTable& open, text* owner, text* scope, text* key, Snapshot sna
   TupleTableSlot* slot = nullptr;
   bool taken = pg_call([&] {
     slot = table_slot_create(relation, nullptr);
-    bool hit = probe(relation, primary_key, snapshot, owner, scope, key, slot);
+    bool hit = probe(relation, primary_key, snapshot_of(read, dirty), owner, scope, key, slot);
     const bool row_taken = take(relation, hit ? slot : nullptr);
     if (row_taken) slot_getallattrs(slot);
     return row_taken;
@@ -139,13 +159,11 @@ void read_key(OpenTable& open, text* owner, text* scope, text* key, Snapshot sna
 }  // namespace
 
 std::optional<KeyRow> find(OpenTable& table, text* owner, text* scope, text* key,
-                           MemoryContext context, bool latest) {
+                           MemoryContext context, Read read) {
   std::optional<KeyRow> row;
   // An MVCC probe: under SERIALIZABLE, B-Tree and heap take the predicate locks on what it saw
   // (the leaf page, the tuple), as a SELECT's index scan does.
-  Snapshot snapshot =
-      latest && !IsolationUsesXactSnapshot() ? GetLatestSnapshot() : GetActiveSnapshot();
-  read_key(table, owner, scope, key, snapshot, context, &row,
+  read_key(table, owner, scope, key, read, nullptr, context, &row,
            [](Relation, TupleTableSlot* slot) { return slot != nullptr; });
   return row;
 }
@@ -153,15 +171,15 @@ std::optional<KeyRow> find(OpenTable& table, text* owner, text* scope, text* key
 Seen look(OpenTable& table, text* owner, text* scope, text* key, MemoryContext context,
           std::optional<KeyRow>* row) {
   SnapshotData dirty;
-  InitDirtySnapshot(dirty);
   Seen seen = Seen::kNothing;
-  read_key(table, owner, scope, key, &dirty, context, row,
+  read_key(table, owner, scope, key, Read::kDirty, &dirty, context, row,
            [&](Relation relation, TupleTableSlot* slot) {
              if (slot == nullptr) return false;
              // The version found is the statement's row when the statement's snapshot sees
              // it (never so for a version of another open transaction): of the versions of
              // one key, that snapshot sees at most one.
-             if (table_tuple_satisfies_snapshot(relation, slot, GetActiveSnapshot())) {
+             if (table_tuple_satisfies_snapshot(relation, slot,
+                                                snapshot_of(Read::kStatement, nullptr))) {
                seen = Seen::kRow;
                return true;
              }
@@ -177,10 +195,9 @@ Seen look(OpenTable& table, text* owner, text* scope, text* key, MemoryContext c
 
 bool written_by_open_transaction(OpenTable& table, text* owner, text* scope, text* key) {
   SnapshotData dirty;
-  InitDirtySnapshot(dirty);
   bool open_writer = false;
   std::optional<KeyRow> unused;
-  read_key(table, owner, scope, key, &dirty, CurrentMemoryContext, &unused,
+  read_key(table, owner, scope, key, Read::kDirty, &dirty, CurrentMemoryContext, &unused,
            [&](Relation, TupleTableSlot* slot) {
              // The dirty snapshot sets xmin for a version another open transaction inserted,
              // xmax for one another open transaction updates or deletes (never for this

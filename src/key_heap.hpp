@@ -35,9 +35,10 @@ namespace idem::key_heap {
 // closed by close() when the call ends. An error leaves them to the transaction's abort,
 // which closes relations and releases locks. Opening per step cost about 2,000 instructions
 // a step (a local lock-table probe and a relcache lookup each), a tenth of a replay.
+// It also carries the call's route (route.hpp), completed when the table is first opened.
 class OpenTable {
  public:
-  explicit OpenTable(Oid table) : oid_(table) {}
+  OpenTable(Oid table, const route::Route& route) : oid_(table), route_(route) {}
   // Closes nothing: close() does at the call's end, transaction abort after an error.
   ~OpenTable() = default;
   OpenTable(const OpenTable&) = delete;
@@ -46,7 +47,10 @@ class OpenTable {
   OpenTable& operator=(OpenTable&&) = delete;
 
   Oid oid() const { return oid_; }
+  // The call's route; its table part is known once table() has been called.
+  const route::Route& route() const { return route_; }
   // The table, its layout checked (key_layout::of: refuses a table this version cannot use).
+  // Its first opening in the call completes the route.
   Relation table();
   // The primary key (opened with the table's other indexes left closed).
   Relation primary_key();
@@ -64,6 +68,7 @@ class OpenTable {
   int primary_key_position();
 
   Oid oid_;
+  route::Route route_;
   Relation table_ = nullptr;
   int index_count_ = 0;  // indexes_[0 .. index_count_) follow the layout's order
   Relation indexes_[key_layout::kMaxIndexes] = {};
@@ -78,19 +83,18 @@ using key_store::KeyRow;
 using key_store::Outcome;
 using key_store::raise_committed_after_snapshot;
 
-// The row of (owner, scope, key) that this transaction sees: with the statement's snapshot,
-// or with a new one at READ COMMITTED when `latest` is set (a snapshot transaction always
-// reads with its own). Under SERIALIZABLE the probe takes the predicate locks a SELECT would.
-// Varlena values are copied into `context`. Snapshot: an MVCC one (see above); no write.
+// The row of (owner, scope, key) that this transaction sees with `read` (Read::kStatement
+// or Read::kLatest). Under SERIALIZABLE the probe takes the predicate locks a SELECT would.
+// Varlena values are copied into `context`. Snapshot: `read`, an MVCC one; no write.
 std::optional<KeyRow> find(OpenTable& table, text* owner, text* scope, text* key,
-                           MemoryContext context, bool latest = false);
+                           MemoryContext context, Read read);
 
 // What the first look at a key found.
 enum class Seen {
   kNothing,    // no version of the key is live for anyone: insert() need not probe again
   kRow,        // `*row` is the version the statement's snapshot sees
   kUndecided,  // a version of an open transaction, or (READ COMMITTED) one committed after
-               // the statement's snapshot: find(latest) decides
+               // the statement's snapshot: find(Read::kLatest) decides
 };
 // The first look at (owner, scope, key): one primary-key descent with a dirty snapshot,
 // which answers both "is there any version?" (for the insert that may follow) and, in the
@@ -99,7 +103,7 @@ enum class Seen {
 // after the transaction's snapshot raises 40001, as INSERT .. ON CONFLICT does: no answer is
 // given from a version the transaction cannot see the end of. The dirty probe takes no
 // predicate lock: under SERIALIZABLE the caller reads again with find() for them.
-// Snapshot: SnapshotDirty, judged against the statement's (active) snapshot; no write.
+// Snapshot: Read::kDirty, judged against Read::kStatement; no write.
 Seen look(OpenTable& table, text* owner, text* scope, text* key, MemoryContext context,
           std::optional<KeyRow>* row);
 
@@ -108,7 +112,7 @@ Seen look(OpenTable& table, text* owner, text* scope, text* key, MemoryContext c
 // snapshot; no lock, no wait, no predicate lock (look_key decides nothing from it but
 // "in_progress"). A row locked by FOR UPDATE alone is not seen: in this table that lock is
 // taken only by a statement that updates or deletes the row in the same call.
-// Snapshot: SnapshotDirty; no write.
+// Snapshot: Read::kDirty; no write.
 bool written_by_open_transaction(OpenTable& table, text* owner, text* scope, text* key);
 
 // kBusy: another transaction that is still open inserted (claimed) the key.
@@ -120,7 +124,7 @@ enum class InsertResult { kInserted, kExists, kBusy, kNeedsExecutor };
 // kExists: a committed version (or this transaction's own, or one being deleted); decide
 // again from it. `where` receives the new row's address. `known_absent`: look() found
 // nothing just now, so the probe before the insertion is skipped (a version inserted since
-// by another transaction still loses or wins at the primary key). Snapshot: SnapshotDirty for
+// by another transaction still loses or wins at the primary key). Snapshot: Read::kDirty for
 // the probes; the speculative-insertion lock is held only between the heap insert and its
 // confirmation or super-delete. Under SERIALIZABLE heapam and nbtree check for conflicts
 // with other transactions' predicate locks (CheckForSerializableConflictIn) as for any insert.
@@ -130,7 +134,7 @@ InsertResult insert(OpenTable& table, text* scope, text* key, const ClaimValues&
 // Completes the claim `token` of (scope, key) that this transaction inserted at `where`.
 // nullopt means "not done here": the table needs the executor, or the row at `where` is no
 // longer that claim's live row; the executor path then decides (and explains a refusal).
-// Snapshot: SnapshotSelf on the row at `where` (this transaction's newest version); a HOT
+// Snapshot: Read::kSelf on the row at `where` (this transaction's newest version); a HOT
 // update when the page has room, new index entries otherwise.
 std::optional<KeyRow> complete(OpenTable& table, const key_store::RowAddress& where, text* scope,
                                text* key, const pg_uuid_t& token, const key_store::Owner& owner,

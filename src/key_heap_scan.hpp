@@ -3,6 +3,7 @@
 #pragma once
 
 #include "pg.hpp"
+#include "reads.hpp"
 
 namespace idem::key_heap {
 
@@ -12,6 +13,11 @@ namespace idem::key_heap {
 // pg-frame: runs inside pg_call only (owns no C++ object).
 bool probe(Relation table, Relation primary_key, Snapshot snapshot, text* owner, text* scope,
            text* key, TupleTableSlot* slot);
+
+// The snapshot of `read` (reads.hpp). For Read::kDirty it is `dirty`, initialised here (after
+// a probe, its xmin and xmax name the open transactions of the version found).
+// pg-frame: runs inside pg_call only (owns no C++ object).
+Snapshot snapshot_of(Read read, SnapshotData* dirty);
 
 // Under REPEATABLE READ or SERIALIZABLE: the row in `slot` (found by a dirty snapshot) is
 // another transaction's, and invisible to this transaction's snapshot.

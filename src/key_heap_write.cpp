@@ -11,17 +11,16 @@ namespace {
 using key_layout::kMaxAttributes;
 using namespace key_store;  // NOLINT(google-build-using-namespace): the column names
 
-// Opens the table for `command`; false when the executor must do the write (the table
-// needs its machinery, or a privilege is missing: the executor then reports it). The
-// indexes are opened by open_indexes, when the write needs them.
+// Opens the table for `command`; false when the executor must do the write (the call's
+// route says the table needs its machinery, or a privilege is missing: the executor then
+// reports it). The indexes are opened by open_indexes, when the write needs them.
 bool open_writer(OpenTable& open, AclMode privileges, const char* command) {
   pg_call([&] {
     PreventCommandIfReadOnly(command);
     PreventCommandIfParallelMode(command);
   });
-  Relation table = open.table();
-  return pg_call([&] { return route::write_reason(table) == route::ExecutorReason::kNone; }) &&
-         open.owner_may(privileges);
+  (void)open.table();
+  return open.route().direct_writes() && open.owner_may(privileges);
 }
 
 // Adds the index entries of the heap tuple at `tid` (whose columns are values / nulls),
@@ -140,8 +139,8 @@ enum class Found { kNothing, kRow, kOpenClaim };
 Found probe_dirty(Relation table, Relation primary_key, text* owner, text* scope, text* key) {
   TupleTableSlot* slot = table_slot_create(table, nullptr);
   SnapshotData dirty;
-  InitDirtySnapshot(dirty);
-  bool exists = probe(table, primary_key, &dirty, owner, scope, key, slot);
+  bool exists =
+      probe(table, primary_key, snapshot_of(Read::kDirty, &dirty), owner, scope, key, slot);
   // The inserter of the version found, when its transaction is still open (never ours:
   // the dirty snapshot leaves xmin unset for this transaction's own versions).
   const bool open_insert = exists && TransactionIdIsValid(dirty.xmin);
@@ -184,7 +183,8 @@ void new_claim_values(const ClaimValues& claim, text* scope, text* key, Datum* v
 // The fence of a completion, on the columns of the row at the claim's address: `token`
 // holds a live processing row of (owner, scope, key) that is the owner's (key_row.hpp,
 // belongs_to). The executor path's statements state
-// the same condition in SQL (key_store.cpp, kWhereHolder).
+// the same condition in SQL (key_store.cpp, kWhereHolder); test/pgtap/completion_fence.sql
+// proves the two equal.
 // pg-frame: runs inside pg_call only (owns no C++ object).
 bool holds(const Datum* values, const bool* nulls, const pg_uuid_t& token,
            const key_store::Owner& owner, text* scope, text* key, TimestampTz now) {
@@ -316,8 +316,8 @@ std::optional<KeyRow> complete(OpenTable& open, const key_store::RowAddress& whe
     HeapTupleData old;
     old.t_self = where.tid;
     Buffer buffer = InvalidBuffer;
-    // SnapshotSelf: the version this transaction sees now; an updated or deleted one is not.
-    if (!heap_fetch(table, SnapshotSelf, &old, &buffer, false)) return false;
+    // Read::kSelf: the version this transaction sees now; an updated or deleted one is not.
+    if (!heap_fetch(table, snapshot_of(Read::kSelf, nullptr), &old, &buffer, false)) return false;
     heap_deform_tuple(&old, desc, values, nulls);
     if (!holds(values, nulls, token, owner, scope, key, now)) {
       ReleaseBuffer(buffer);

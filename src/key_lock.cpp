@@ -3,6 +3,8 @@
 
 #include "pg_boundary.hpp"
 #include "sha256.hpp"
+#include "pg/heap.hpp"
+#include "pg/locks.hpp"
 
 namespace idem::key_lock {
 namespace {
@@ -23,31 +25,7 @@ Salt salt;
 const Salt& salt_of(Oid table) {
   if (salt.table == table) return salt;
   Salt loaded;
-  pg_call([&] {
-    Oid salt_table = get_relname_relid("key_lock_salt", get_rel_namespace(table));
-    if (!OidIsValid(salt_table))
-      ereport(ERROR, (errcode(ERRCODE_UNDEFINED_TABLE),
-                      errmsg("key_lock_salt does not exist in the extension's schema"),
-                      errhint("Drop and create the extension idempotency again.")));
-    Relation relation = table_open(salt_table, AccessShareLock);
-#if PG_VERSION_NUM >= 190000  // table_beginscan gained a flags argument
-    TableScanDesc scan = table_beginscan(relation, GetLatestSnapshot(), 0, nullptr, SO_NONE);
-#else
-    TableScanDesc scan = table_beginscan(relation, GetLatestSnapshot(), 0, nullptr);
-#endif
-    HeapTuple tuple = heap_getnext(scan, ForwardScanDirection);
-    bool is_null = true;
-    Datum value = HeapTupleIsValid(tuple)
-                      ? heap_getattr(tuple, 1, RelationGetDescr(relation), &is_null)
-                      : static_cast<Datum>(0);
-    if (!is_null) {
-      bytea* bytes = DatumGetByteaPP(value);
-      loaded.length = std::min<size_t>(VARSIZE_ANY_EXHDR(bytes), sizeof loaded.bytes);
-      memcpy(loaded.bytes, VARDATA_ANY(bytes), loaded.length);
-    }
-    table_endscan(scan);
-    table_close(relation, AccessShareLock);
-  });
+  loaded.length = pg::heap::first_bytea(table, "key_lock_salt", loaded.bytes, sizeof loaded.bytes);
   if (loaded.length < 16)
     throw Error(ERRCODE_DATA_CORRUPTED, "key_lock_salt holds no salt", {},
                 "Drop and create the extension idempotency again.");
@@ -87,7 +65,7 @@ LOCKTAG tag_of(const KeyIdentity& identity) {
 
 Outcome try_lock(const KeyIdentity& identity) {
   LOCKTAG tag = tag_of(identity);
-  LockAcquireResult result = pg_call([&] { return LockAcquire(&tag, ExclusiveLock, false, true); });
+  const LockAcquireResult result = pg::locks::try_acquire(tag, ExclusiveLock);
   switch (result) {
     case LOCKACQUIRE_NOT_AVAIL:
       return Outcome::kBusy;
@@ -101,7 +79,7 @@ Outcome try_lock(const KeyIdentity& identity) {
 
 void unlock(const KeyIdentity& identity) {
   LOCKTAG tag = tag_of(identity);
-  pg_call([&] { LockRelease(&tag, ExclusiveLock, false); });
+  pg::locks::release(tag, ExclusiveLock);
 }
 
 }  // namespace idem::key_lock

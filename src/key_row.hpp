@@ -4,6 +4,7 @@
 
 #include "pg.hpp"
 #include "pg_boundary.hpp"
+#include "reads.hpp"
 
 namespace idem::key_store {
 

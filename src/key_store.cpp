@@ -2,10 +2,14 @@
 // (see key_store.hpp).
 #include "key_store.hpp"
 
-#include "gucs.hpp"
 #include "key_heap.hpp"
 #include "key_layout.hpp"
 #include "route.hpp"
+#include "pg/catalog.hpp"
+#include "pg/errors.hpp"
+#include "pg/snapshots.hpp"
+#include "pg/spi.hpp"
+#include "pg/transactions.hpp"
 #include "pg_boundary.hpp"
 
 namespace idem::key_store {
@@ -31,7 +35,8 @@ constexpr const char* kWhereKey =
     "scope OPERATOR(pg_catalog.=) $1 AND key OPERATOR(pg_catalog.=) $2";
 constexpr const char* kAndOwner3 = " AND owner OPERATOR(pg_catalog.=) $3";
 // The fence of complete / release / checkpoint: the token holds a live processing row of
-// the same owner ($5 is "now" in all three statements).
+// the same owner ($5 is "now" in all three statements). The direct completion states it in
+// C++ (key_heap_write.cpp, holds); test/pgtap/completion_fence.sql proves the two equal.
 constexpr const char* kWhereHolder =
     " AND lease_token OPERATOR(pg_catalog.=) $3 AND owner OPERATOR(pg_catalog.=) $4"
     " AND status OPERATOR(pg_catalog.=) 'processing' AND expires_at OPERATOR(pg_catalog.>) $5";
@@ -132,6 +137,22 @@ PlanSpec fenced_statement(PlanId id, const std::string& table, const std::string
   }
 }
 
+// After a look's columns, what the row's xmax tells (Session::look): xmax, the system
+// identifier of the node that holds the row, and whether xmax is in progress there and not of
+// the transaction reading it, both computed on that node. Where Citus runs a call it did not
+// delegate, the row comes from a worker and its xmax is a worker's transaction id, which means
+// nothing here. xmax is widened to that node's xid8 by the epoch of its next transaction id.
+constexpr const char* kLookNodeColumns =
+    ", xmax, (pg_catalog.pg_control_system()).system_identifier,"
+    " CASE WHEN xmax = '0'::xid"
+    " OR xmax = pg_catalog.xid(pg_catalog.pg_current_xact_id_if_assigned()) THEN false"
+    " ELSE coalesce(pg_catalog.pg_xact_status(((("
+    "(pg_catalog.pg_snapshot_xmax(pg_catalog.pg_current_snapshot())::text::int8 >> 32) << 32)"
+    " | xmax::text::int8) - CASE WHEN (((pg_catalog.pg_snapshot_xmax("
+    "pg_catalog.pg_current_snapshot())::text::int8 >> 32) << 32) | xmax::text::int8)"
+    " > pg_catalog.pg_snapshot_xmax(pg_catalog.pg_current_snapshot())::text::int8 + 2147483648"
+    " THEN 4294967296 ELSE 0 END)::text::xid8) = 'in progress', false) END";
+
 PlanSpec spec_of(PlanId id, const std::string& table) {
   const std::string columns = row_columns();
   const std::string select =
@@ -144,9 +165,8 @@ PlanSpec spec_of(PlanId id, const std::string& table) {
     case kLock:
       return {select + " FOR UPDATE SKIP LOCKED", key_types};
     case kLook:
-      // The row's xmax tells a transaction that writes or has locked it (Session::look).
-      return {std::string("SELECT ") + columns + ", xmax FROM " + table + " WHERE " + kWhereKey +
-                  kAndOwner3,
+      return {std::string("SELECT ") + columns + kLookNodeColumns + " FROM " + table + " WHERE " +
+                  kWhereKey + kAndOwner3,
               key_types};
     case kDelete:
       return {"DELETE FROM " + table + " WHERE " + kWhereKey + kAndOwner3, key_types};
@@ -176,27 +196,22 @@ void forget_plans(Datum, SyscacheId, uint32) {
 // Requires an open SPI connection.
 void prepare_plans(Oid table) {
   for (SPIPlanPtr& plan : cache.plans) {
-    if (plan != nullptr) pg_call([&] { SPI_freeplan(plan); });
+    if (plan != nullptr) pg::spi::free_plan(plan);
     plan = nullptr;
   }
   cache.table = InvalidOid;
   // A 1.0 / 1.1 table (Citus, or a hook that keeps the direct path off) gets the direct
   // path's 55000, not a statement's error about a column it lacks.
-  if (pg_call([&] { return get_atttype(table, get_attnum(table, "owner")) == REGROLEOID; }))
-    key_layout::reject_old_table();
-  if (pg_call([&] { return get_attnum(table, "owner_oid") == InvalidAttrNumber; }))
-    key_layout::reject_unstamped_table();
+  if (pg::catalog::column_type(table, "owner") == REGROLEOID) key_layout::reject_old_table();
+  if (!pg::catalog::has_column(table, "owner_oid")) key_layout::reject_unstamped_table();
   const std::string name = qualified_name(table);
   for (int id = 0; id < kPlanCount; ++id) {
     PlanSpec spec = spec_of(static_cast<PlanId>(id), name);
-    SPIPlanPtr plan = pg_call([&] {
-      return SPI_prepare_cursor(spec.sql.c_str(), static_cast<int>(spec.argument_types.size()),
-                                spec.argument_types.data(), CURSOR_OPT_GENERIC_PLAN);
-    });
+    SPIPlanPtr plan = pg::spi::prepare_kept(
+        spec.sql.c_str(), static_cast<int>(spec.argument_types.size()), spec.argument_types.data());
     if (plan == nullptr)
       throw Error(ERRCODE_INTERNAL_ERROR, "could not prepare a statement on idempotency_keys",
                   SPI_result_code_string(SPI_result));
-    pg_call([&] { SPI_keepplan(plan); });
     cache.plans[id] = plan;
   }
   cache.table = table;
@@ -208,27 +223,32 @@ void prepare_plans(Oid table) {
 uint64 run(PlanId id, Datum* values, const char* nulls, bool read_only, long limit) {
   // The previous result was decoded (copied) already: free it, or a batch's results would
   // pile up in the SPI connection's memory until it closes.
-  if (SPI_tuptable != nullptr) pg_call([] { SPI_freetuptable(SPI_tuptable); });
-  MemoryContext caller_context = CurrentMemoryContext;
-  int rc = pg_call([&] {
-    int result = SPI_execute_plan(cache.plans[id], values, nulls, read_only, limit);
-    MemoryContextSwitchTo(caller_context);
-    return result;
-  });
+  pg::spi::free_result();
+  const int rc = pg::spi::execute_plan(cache.plans[id], values, nulls, read_only, limit);
   if (rc < 0)
     throw Error(ERRCODE_INTERNAL_ERROR, "idempotency_keys statement failed",
                 SPI_result_code_string(rc));
   return SPI_processed;
 }
 
-// Copies row `index` of the last SPI result into `context`. `xmax`: the statement (kLook)
-// selects the row's xmax after its columns, stored there.
-KeyRow decode(uint64 index, MemoryContext context, TransactionId* xmax = nullptr) {
+// Where the row of a look lives, and what its xmax means there (spec_of, kLook).
+struct RowNode {
+  TransactionId xmax = InvalidTransactionId;
+  int64 system_identifier = 0;
+  bool xmax_in_progress_there = false;  // in progress, and not the reader's transaction
+};
+
+// Copies row `index` of the last SPI result into `context`. `node`: the statement (kLook)
+// selects the row's xmax, its node's system identifier and that node's verdict on xmax after
+// its columns, stored there.
+KeyRow decode(uint64 index, MemoryContext context, RowNode* node = nullptr) {
   HeapTuple tuple = SPI_tuptable->vals[index];
   TupleDesc desc = SPI_tuptable->tupdesc;
-  const int extra = xmax != nullptr ? 1 : 0;
+  const int extra = node != nullptr ? 3 : 0;
   bool shaped = desc->natts == kRowColumnCount + extra &&
-                (extra == 0 || TupleDescAttr(desc, kRowColumnCount)->atttypid == XIDOID);
+                (extra == 0 || (TupleDescAttr(desc, kRowColumnCount)->atttypid == XIDOID &&
+                                TupleDescAttr(desc, kRowColumnCount + 1)->atttypid == INT8OID &&
+                                TupleDescAttr(desc, kRowColumnCount + 2)->atttypid == BOOLOID));
   for (int number = kRowStatus; shaped && number <= kRowColumnCount; ++number)
     shaped = TupleDescAttr(desc, number - 1)->atttypid == row_column_type(number);
   if (!shaped)
@@ -236,12 +256,16 @@ KeyRow decode(uint64 index, MemoryContext context, TransactionId* xmax = nullptr
                 "a statement on idempotency_keys returned columns of unexpected types", {},
                 "Drop and create the extension idempotency again.");
   auto column = [&](int number, bool* is_null) {
-    return SPI_getbinval(tuple, desc, number, is_null);  // pg: a column of the checked shape
+    return pg::spi::column_unchecked(tuple, desc, number, is_null);
   };
   bool is_null = false;
-  if (xmax != nullptr) {
-    const Datum raw = column(kRowColumnCount + 1, &is_null);
-    *xmax = is_null ? InvalidTransactionId : DatumGetTransactionId(raw);
+  if (node != nullptr) {
+    Datum raw = column(kRowColumnCount + 1, &is_null);
+    node->xmax = is_null ? InvalidTransactionId : DatumGetTransactionId(raw);
+    raw = column(kRowColumnCount + 2, &is_null);
+    node->system_identifier = is_null ? 0 : DatumGetInt64(raw);
+    raw = column(kRowColumnCount + 3, &is_null);
+    node->xmax_in_progress_there = !is_null && DatumGetBool(raw);
   }
   return decode_columns(column, DatumGetBool(column(1, &is_null)), context);
 }
@@ -268,29 +292,22 @@ bool same_version(const std::optional<KeyRow>& a, const std::optional<KeyRow>& b
 }  // namespace
 
 std::string qualified_name(Oid table) {
-  return pg_call([&] {
-    return static_cast<const char*>(quote_qualified_identifier(
-        get_namespace_name(get_rel_namespace(table)), get_rel_name(table)));
-  });
+  return pg::catalog::qualified_relation_name(table);
 }
 
 void on_load() {
-  CacheRegisterSyscacheCallback(ENUMOID, forget_plans, 0);
+  pg::catalog::on_syscache_change(ENUMOID, forget_plans);
 }
 
 Session::Session(Oid table, caller::ActingAsOwner& acting)
-    : caller_context_(CurrentMemoryContext), open_table_(table), acting_(acting) {}
+    : caller_context_(CurrentMemoryContext),
+      open_table_(table, route::Route::of_call()),
+      acting_(acting) {}
 
 void Session::connect() {
   if (connected_) return;
   acting_.pin_search_path();
-  MemoryContext caller_context = CurrentMemoryContext;
-  int rc = pg_call([&] {
-    int result = SPI_connect();
-    MemoryContextSwitchTo(caller_context);  // see run()
-    return result;
-  });
-  if (rc != SPI_OK_CONNECT) throw Error(ERRCODE_INTERNAL_ERROR, "SPI_connect failed");
+  if (!pg::spi::connect()) throw Error(ERRCODE_INTERNAL_ERROR, "SPI_connect failed");
   connected_ = true;
   if (cache.table != open_table_.oid()) prepare_plans(open_table_.oid());
 }
@@ -309,26 +326,26 @@ void Session::finish() {
   if (finished_) return;
   finished_ = true;
   open_table_.close();
-  if (connected_) pg_call([] { SPI_finish(); });
+  if (connected_) pg::spi::finish();
 }
 
-std::optional<KeyRow> Session::peek(text* owner, text* scope, text* key, bool* absent,
-                                    bool fresh_snapshot) {
+std::optional<KeyRow> Session::peek(text* owner, text* scope, text* key, bool* absent, Read read) {
   *absent = false;
-  if (!route::direct_path() || !ActiveSnapshotSet()) {
+  const bool after_wait = read == Read::kLatest;
+  if (!open_table_.route().direct_reads()) {
     // At READ COMMITTED every look takes a new snapshot, as the direct look decides an
     // undecided version with one.
     std::optional<KeyRow> row =
-        find(owner, scope, key, fresh_snapshot || !IsolationUsesXactSnapshot());
+        find(owner, scope, key, IsolationUsesXactSnapshot() ? read : Read::kLatest);
     // A snapshot transaction that waited, reading through the executor: it would never see
     // the holder's end, so where a version committed after its snapshot exists it gets 40001
     // (as the direct look raises it) instead of sleeping out its wait; the key is read again
     // as of now. A first look answers as a SELECT would. This transaction's own writes are no
     // conflict and need no exception: both reads see them alike (same command id, and a
     // version of the current transaction is judged by command id alone).
-    if (fresh_snapshot && IsolationUsesXactSnapshot() && ActiveSnapshotSet()) {
-      const std::optional<KeyRow> now = find_as_of_now(owner, scope, key);
-      if (!same_version(row, now)) pg_call([&] { raise_committed_after_snapshot(key); });
+    if (after_wait && IsolationUsesXactSnapshot() && ActiveSnapshotSet()) {
+      const std::optional<KeyRow> now = find(owner, scope, key, Read::kNow);
+      if (!same_version(row, now)) pg::errors::committed_after_snapshot(key);
     }
     return row;
   }
@@ -340,36 +357,38 @@ std::optional<KeyRow> Session::peek(text* owner, text* scope, text* key, bool* a
     case key_heap::Seen::kRow:
       break;
     case key_heap::Seen::kUndecided:
-      return key_heap::find(open_table_, owner, scope, key, caller_context_, true);
+      return key_heap::find(open_table_, owner, scope, key, caller_context_, Read::kLatest);
   }
   // The dirty look takes no predicate lock; under SERIALIZABLE the same row (or the absence
   // of one) is read again by an MVCC probe that takes them, as a SELECT would.
   if (IsolationIsSerializable())
-    row = key_heap::find(open_table_, owner, scope, key, caller_context_);
+    row = key_heap::find(open_table_, owner, scope, key, caller_context_, Read::kStatement);
   return row;
 }
 
-std::optional<KeyRow> Session::find(text* owner, text* scope, text* key, bool fresh_snapshot) {
+std::optional<KeyRow> Session::find(text* owner, text* scope, text* key, Read read) {
   Datum values[] = {PointerGetDatum(scope), PointerGetDatum(key), PointerGetDatum(owner)};
-  bool read_only = !fresh_snapshot && ActiveSnapshotSet();
+  if (read == Read::kNow) return find_as_of_now(values);
+  // read_only: SPI runs the statement with the active snapshot (the statement's); else with a
+  // new one (at READ COMMITTED; the transaction's own at the snapshot levels).
+  bool read_only = read == Read::kStatement && ActiveSnapshotSet();
   if (execute(kFind, values, nullptr, read_only, 1) == 0) return std::nullopt;
   return decode(0, caller_context_);
 }
 
-std::optional<KeyRow> Session::find_as_of_now(text* owner, text* scope, text* key) {
-  Datum values[] = {PointerGetDatum(scope), PointerGetDatum(key), PointerGetDatum(owner)};
+std::optional<KeyRow> Session::find_as_of_now(Datum* values) {
   connect();
   // The latest snapshot with the current command id: it sees this transaction's own writes of
   // earlier commands as the look it is compared with does (an earlier element of the same
   // batch, or an earlier call in the same statement, claimed the key), so that they are never
   // taken for another transaction's commit.
-  pg_call([] { PushCopiedSnapshot(GetLatestSnapshot()); });
+  pg::snapshots::push_latest();
   // read_only: SPI runs the statement with the active snapshot, the one pushed here. An error
   // leaves it to transaction abort, which pops every snapshot.
   const uint64 found = run(kFind, values, nullptr, true, 1);
   std::optional<KeyRow> row;
   if (found > 0) row = decode(0, caller_context_);
-  pg_call([] { PopActiveSnapshot(); });
+  pg::snapshots::pop_active();
   return row;
 }
 
@@ -384,26 +403,28 @@ Session::Look Session::look(text* owner, text* scope, text* key,
   Look result;
   // The superuser's switch idempotency.executor_path sends this read through the executor
   // too, so that the tests of the executor path cover what Citus and the executor hooks use.
-  if (route::direct_path() && !gucs::executor_path && ActiveSnapshotSet()) {
+  if (open_table_.route().direct_looks()) {
     result.held_by_open_transaction =
         key_heap::written_by_open_transaction(open_table_, owner, scope, key);
-    result.row = key_heap::find(open_table_, owner, scope, key, caller_context_, true);
+    result.row = key_heap::find(open_table_, owner, scope, key, caller_context_, Read::kLatest);
     return result;
   }
   Datum values[] = {PointerGetDatum(scope), PointerGetDatum(key), PointerGetDatum(owner)};
-  // A new snapshot at READ COMMITTED (as peek() after waiting), the transaction's own in a
-  // snapshot transaction.
+  // Read::kLatest (as peek() after waiting): not read_only, so SPI takes a new snapshot at READ
+  // COMMITTED, the transaction's own in a snapshot transaction.
   if (execute(kLook, values, nullptr, false, 1) > 0) {
-    TransactionId xmax = InvalidTransactionId;
-    result.row = decode(0, caller_context_, &xmax);
+    RowNode node;
+    result.row = decode(0, caller_context_, &node);
     // An xmax of a transaction still open (not ours): it updates, deletes or has locked the
     // row (a take-over, a completion, a release, forget_key). The table's rows are locked only
     // by FOR UPDATE of one transaction at a time, never shared, so xmax is a transaction id,
-    // not a multixact.
-    result.held_by_open_transaction = pg_call([&] {
-      return TransactionIdIsNormal(xmax) && !TransactionIdIsCurrentTransactionId(xmax) &&
-             TransactionIdIsInProgress(xmax);
-    });
+    // not a multixact. A row of this node is judged here (our subtransactions too); a row
+    // another node sent (a call Citus did not delegate) by that node's verdict.
+    if (node.system_identifier != caller::system_identifier()) {
+      result.held_by_open_transaction = node.xmax_in_progress_there;
+      return result;
+    }
+    result.held_by_open_transaction = pg::transactions::open_other(node.xmax);
     return result;
   }
   // No row visible: an executor-path claim of another open transaction holds the key lock.
@@ -454,7 +475,7 @@ uint64 Session::execute_claim(int plan, text* scope, text* key, const ClaimValue
 Session::Insert Session::insert_unlocked(text* scope, text* key, const ClaimValues& claim,
                                          RowAddress* where, bool known_absent) {
   *where = kNowhere;
-  if (!route::direct_path()) return Insert::kNeedsLock;
+  if (!open_table_.route().may_write_directly()) return Insert::kNeedsLock;
   switch (key_heap::insert(open_table_, scope, key, claim, where, known_absent)) {
     case key_heap::InsertResult::kInserted:
       return Insert::kInserted;
@@ -487,7 +508,7 @@ KeyRow Session::reclaim(text* scope, text* key, const ClaimValues& claim) {
 std::optional<KeyRow> Session::complete(text* scope, text* key, const pg_uuid_t& token,
                                         const Owner& owner, const Outcome& outcome, TimestampTz now,
                                         TimestampTz expires_at, const RowAddress& where) {
-  if (where.valid() && route::direct_path()) {
+  if (where.valid() && open_table_.route().may_write_directly()) {
     if (std::optional<KeyRow> row = key_heap::complete(open_table_, where, scope, key, token, owner,
                                                        outcome, now, expires_at, caller_context_))
       return row;

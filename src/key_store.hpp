@@ -35,27 +35,27 @@ class Session {
   void finish();
 
   // A look at a key before deciding: the row this transaction sees, read by a direct primary
-  // key probe where route::direct_path() allows it, else by SPI (with a new snapshot when
-  // `fresh_snapshot`, as a look after waiting needs). `*absent` is set when no version of the
-  // key is live for anyone, so that insert_unlocked() need not look again. Raises 40001 under
-  // REPEATABLE READ and SERIALIZABLE where a version committed after the snapshot would
-  // decide (key_heap::look).
-  std::optional<KeyRow> peek(text* owner, text* scope, text* key, bool* absent,
-                             bool fresh_snapshot);
-  // Plain MVCC read: no row lock, no write. With fresh_snapshot false it reads with the
-  // calling statement's snapshot (cheaper; right for a first look), else with a new one
-  // (needed to see commits while waiting).
-  std::optional<KeyRow> find(text* owner, text* scope, text* key, bool fresh_snapshot = true);
-  // The row as of now (a new snapshot, with this transaction's writes so far), through SPI:
-  // tells a snapshot transaction on the executor path that a version it cannot see exists.
-  std::optional<KeyRow> find_as_of_now(text* owner, text* scope, text* key);
+  // key probe where the call's route reads directly (Read::kDirty, then Read::kLatest or
+  // Read::kStatement as key_heap::look leaves it), else by SPI with `read`: Read::kStatement
+  // for a first look, Read::kLatest after waiting (to see the holder's end). `*absent` is set
+  // when no version of the key is live for anyone, so that insert_unlocked() need not look
+  // again. Raises 40001 under REPEATABLE READ and SERIALIZABLE where a version committed after
+  // the snapshot would decide (key_heap::look).
+  std::optional<KeyRow> peek(text* owner, text* scope, text* key, bool* absent, Read read);
+  // Plain MVCC read through SPI: no row lock, no write. `read`: Read::kStatement (cheaper;
+  // right for a first look), Read::kLatest (sees commits while waiting, and a claim made
+  // earlier in this transaction), or Read::kNow (tells a snapshot transaction on the executor
+  // path that a version it cannot see exists).
+  std::optional<KeyRow> find(text* owner, text* scope, text* key, Read read);
   // Locks the newest version of the row, skipping it if another transaction has it locked.
   std::optional<KeyRow> lock(text* owner, text* scope, text* key);
   // A look that decides nothing and changes nothing (look_key, forget_key): the row as of now
-  // (READ COMMITTED: a new snapshot; a snapshot transaction: its own, as a SELECT reads), and
+  // (Read::kLatest: at READ COMMITTED a new snapshot; a snapshot transaction: its own, as a
+  // SELECT reads), and
   // whether another transaction that is still open writes the key (inserted it, or updates,
   // deletes or has locked its row). It never waits and leaves no lock behind. The direct path
-  // tells that from a dirty primary-key probe; the executor path from the row's xmax and,
+  // tells that from a dirty primary-key probe (Read::kDirty); the executor path from the row's
+  // xmax and,
   // where no row is visible, from the key lock that the executor path's claims take (tried
   // without waiting and let go at once: `identity`).
   struct Look {
@@ -99,6 +99,8 @@ class Session {
   // peek() never connects.
   void connect();
   uint64 execute(int plan, Datum* values, const char* nulls, bool read_only, long limit);
+  // find() with Read::kNow: the key ($1 scope, $2 key, $3 owner) read with the latest snapshot.
+  std::optional<KeyRow> find_as_of_now(Datum* values);
   // Runs one of the claim statements (insert, restart, reclaim) with a claim's values.
   uint64 execute_claim(int plan, text* scope, text* key, const ClaimValues& claim);
 

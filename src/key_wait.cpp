@@ -1,16 +1,16 @@
 // Waiting for a key's holder without polling (see key_wait.hpp).
 #include "key_wait.hpp"
 
+#include "gucs.hpp"
 #include "pg_boundary.hpp"
 #include "shared_memory.hpp"
 #include "siphash.hpp"
+#include "pg/waits.hpp"
 
 namespace idem::key_wait {
 namespace {
 
 constexpr uint32 kSlots = 1024;
-// The longest a waiter sleeps without a wake-up before it looks again (the safety net).
-constexpr long kSafetyNetMs = 200;
 
 struct SharedSlots {
   // The key of the slots' hash, made when the shared memory is (once per cluster start).
@@ -113,19 +113,14 @@ void Waiter::sleep(TimestampTz deadline) {
   const int64 remaining_us = deadline - GetCurrentTimestamp();
   if (variable_ != nullptr && prepared_) {
     const long timeout_ms =
-        std::max<long>(1, std::min<long>((remaining_us + 999) / 1000, kSafetyNetMs));
-    pg_call([&] { (void)ConditionVariableTimedSleep(variable_, timeout_ms, PG_WAIT_EXTENSION); });
+        std::max<long>(1, std::min<long>((remaining_us + 999) / 1000, gucs::wait_recheck_ms));
+    pg::waits::on_condition_variable(variable_, timeout_ms);
     return;
   }
   // Without shared memory: poll, backing off from 1 ms to 50 ms.
   const int64 sleep_us = std::max<int64>(std::min(backoff_us_, remaining_us), 1000);
   backoff_us_ = std::min<int64>(backoff_us_ * 2, 50 * 1000);
-  pg_call([&] {
-    (void)WaitLatch(MyLatch, WL_LATCH_SET | WL_TIMEOUT | WL_EXIT_ON_PM_DEATH, sleep_us / 1000,
-                    PG_WAIT_EXTENSION);
-    ResetLatch(MyLatch);
-    CHECK_FOR_INTERRUPTS();
-  });
+  pg::waits::on_latch(static_cast<long>(sleep_us / 1000));
 }
 
 }  // namespace idem::key_wait

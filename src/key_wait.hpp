@@ -7,8 +7,9 @@
 // abort, after it became visible to others), it wakes every waiter of its slots. A waiter
 // sleeps on its key's slot and looks at the key again when woken: a collision of two keys in
 // one slot only costs an extra look. The sleep is bounded by the caller's `wait` and by a
-// safety net (a transaction prepared with PREPARE TRANSACTION ends in another backend,
-// which wakes nobody), is interruptible, and never spins.
+// safety net, idempotency.wait_recheck_interval (200 ms; a transaction prepared with PREPARE
+// TRANSACTION ends in another backend, which wakes nobody, and a lease runs out without any
+// transaction), is interruptible, and never spins.
 //
 // Without preloading there is no shared memory: waiters poll with latch sleeps that back
 // off from 1 ms to 50 ms, as before.

@@ -1,5 +1,6 @@
 // The claims of the current transaction (own_claims.hpp).
 #include "own_claims.hpp"
+#include "pg/memory.hpp"
 
 namespace idem::own_claims {
 namespace {
@@ -51,29 +52,21 @@ void remember(const pg_uuid_t& token, const Interval& ttl, const key_store::RowA
     return;
   }
   if (own_claim_count + more_own_claim_count >= kOwnClaimsKept) return;
-  pg_call([&] {
-    if (more_own_claims == nullptr) {
-      HASHCTL control{};
-      control.keysize = sizeof(pg_uuid_t);
-      control.entrysize = sizeof(OwnClaim);
-      control.hcxt = TopTransactionContext;
-      more_own_claims = hash_create("idempotency claims of this transaction", 1024, &control,
-                                    HASH_ELEM | HASH_BLOBS | HASH_CONTEXT);
-    }
-    bool found = false;
-    auto* entry = static_cast<OwnClaim*>(hash_search(more_own_claims, &token, HASH_ENTER, &found));
-    *entry = claim;
-    if (!found) ++more_own_claim_count;
-  });
+  if (more_own_claims == nullptr)
+    more_own_claims =
+        pg::memory::new_blob_table("idempotency claims of this transaction", 1024,
+                                   sizeof(pg_uuid_t), sizeof(OwnClaim), TopTransactionContext);
+  bool found = false;
+  auto* entry = static_cast<OwnClaim*>(pg::memory::enter(more_own_claims, &token, &found));
+  *entry = claim;
+  if (!found) ++more_own_claim_count;
 }
 
 const OwnClaim* find(const pg_uuid_t& token) {
   for (size_t i = 0; i < own_claim_count; ++i)
     if (memcmp(own_claims[i].token.data, token.data, UUID_LEN) == 0) return &own_claims[i];
   if (more_own_claims == nullptr) return nullptr;
-  // A lookup allocates nothing and cannot fail.
-  return static_cast<const OwnClaim*>(
-      hash_search(more_own_claims, &token, HASH_FIND, nullptr));  // pg: a lookup cannot raise
+  return static_cast<const OwnClaim*>(pg::memory::find(more_own_claims, &token));
 }
 
 void on_load() {

@@ -40,4 +40,16 @@ ExecutorReason write_reason(Relation table) {
   return generated ? ExecutorReason::kIdentityGenerated : ExecutorReason::kNone;
 }
 
+Route Route::of_call() {
+  Route route;
+  route.direct_ = direct_path();
+  route.requested_ = gucs::executor_path;
+  route.snapshot_ = ActiveSnapshotSet();
+  return route;
+}
+
+void Route::table_opened(Relation table) {
+  reason_ = write_reason(table);
+}
+
 }  // namespace idem::route

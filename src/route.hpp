@@ -1,6 +1,8 @@
 // The route of a call to the key table: directly to its heap and indexes (key_heap), or
-// through the executor (key_store's SPI statements). This is the one place that decides;
-// every other file asks it.
+// through the executor (key_store's SPI statements). This is the one place that decides, once
+// per SQL call: a Route is made when the call's key_store::Session is (its call-wide part) and
+// completed when the call opens the table (the table's part); the Session carries it in its
+// key_heap::OpenTable, and every function below asks it, none derives it again.
 //
 // Reads and writes go direct only when direct_path() says so (no Citus, no executor hook);
 // a write then also needs a table whose shape the direct path can write (write_reason()).
@@ -65,5 +67,32 @@ bool direct_path();
 // that applies, from the table's cached layout, its relcache entry, and the superuser switch
 // idempotency.executor_path; kNone when the direct path may write.
 ExecutorReason write_reason(Relation table);
+
+// The route of one SQL call (see the top of this file).
+class Route {
+ public:
+  // The call-wide part: direct_path(), the superuser switch idempotency.executor_path, and
+  // whether the call runs with an active snapshot (the direct reads judge versions by it).
+  static Route of_call();
+  // The table's part, once the call has opened and locked the table (its relcache entry and
+  // layout are current then, and stay so while the lock is held): write_reason(table).
+  void table_opened(Relation table);
+
+  // A claim's look (Session::peek) probes the primary key itself.
+  bool direct_reads() const { return direct_ && snapshot_; }
+  // look_key / forget_key's look probes it itself: also not when the superuser asked for the
+  // executor path, so that the tests of that path cover what Citus and the hooks use.
+  bool direct_looks() const { return direct_reads() && !requested_; }
+  // A write may be tried directly (the table is then opened, and may still refuse).
+  bool may_write_directly() const { return direct_; }
+  // The opened table can be written directly (table_opened() was called).
+  bool direct_writes() const { return direct_ && reason_ == ExecutorReason::kNone; }
+
+ private:
+  bool direct_ = false;                                 // direct_path()
+  bool requested_ = false;                              // idempotency.executor_path
+  bool snapshot_ = false;                               // ActiveSnapshotSet()
+  ExecutorReason reason_ = ExecutorReason::kRequested;  // until table_opened()
+};
 
 }  // namespace idem::route

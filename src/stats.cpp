@@ -6,6 +6,7 @@
 #include "cleanup_shared.hpp"
 #include "pg_boundary.hpp"
 #include "shared_memory.hpp"
+#include "pg/srf.hpp"
 
 namespace idem::stats {
 namespace {
@@ -279,12 +280,10 @@ void put_note_row(ReturnSetInfo* rsinfo) {
   nulls[kDatabase] = false;
   values[kSharedMemory] = BoolGetDatum(false);
   nulls[kSharedMemory] = false;
-  pg_call([&] {
-    values[kNote] = CStringGetTextDatum(
-        "statistics need shared_preload_libraries = 'idempotency' (and a restart)");
-    nulls[kNote] = false;
-    tuplestore_putvalues(rsinfo->setResult, rsinfo->setDesc, values, nulls);
-  });
+  values[kNote] = pg::srf::text_value(
+      "statistics need shared_preload_libraries = 'idempotency' (and a restart)");
+  nulls[kNote] = false;
+  pg::srf::put_row(rsinfo, values, nulls);
 }
 
 // The row of `slot`, none for a free slot: its plain fields copied under the mutex, its
@@ -327,16 +326,14 @@ void put_slot_row(DatabaseSlot& slot, ReturnSetInfo* rsinfo) {
   nulls[kLastStartFailure] = last_start_failure == 0;
   values[kForgottenKeys] =
       Int64GetDatum(static_cast<int64>(pg_atomic_read_u64(&slot.counters[kForgotten])));
-  pg_call([&] {
-    if (!nulls[kLastError]) values[kLastError] = CStringGetTextDatum(last_error);
-    tuplestore_putvalues(rsinfo->setResult, rsinfo->setDesc, values, nulls);
-  });
+  if (!nulls[kLastError]) values[kLastError] = pg::srf::text_value(last_error);
+  pg::srf::put_row(rsinfo, values, nulls);
 }
 
 // idempotency_stats_rows(): one row per database with counters, for the view.
 // Without shared memory: one row for the current database, counters NULL, and a note.
 Datum sql_stats_rows(FunctionCallInfo fcinfo) {
-  pg_call([&] { InitMaterializedSRF(fcinfo, 0); });
+  pg::srf::materialize(fcinfo);
   auto* rsinfo = reinterpret_cast<ReturnSetInfo*>(fcinfo->resultinfo);
   check_declared_columns(rsinfo->setDesc->natts);
   if (shared == nullptr) {

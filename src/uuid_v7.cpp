@@ -5,6 +5,7 @@
 // that never repeats or goes back; when the system clock is behind the last value (many
 // calls within one fraction step, or the clock stepped back) it advances by one step.
 #include "pg_boundary.hpp"
+#include "pg/memory.hpp"
 
 namespace idem::uuid_v7 {
 namespace {
@@ -55,7 +56,7 @@ int64_t now_unix_ns() {
 pg_uuid_t* make_uuid(int64_t unix_ms, uint32_t fraction) {
   uint8_t random_bytes[8];
   random_pool.fill(random_bytes, sizeof random_bytes);
-  auto* uuid = pg_call([] { return static_cast<pg_uuid_t*>(palloc(sizeof(pg_uuid_t))); });
+  auto* uuid = pg::memory::allocate<pg_uuid_t>();
   uint8_t* b = uuid->data;
   for (int i = 0; i < 6; ++i) b[i] = static_cast<uint8_t>(unix_ms >> (8 * (5 - i)));
   b[6] = static_cast<uint8_t>(0x70 | (fraction >> 8));

@@ -7,14 +7,19 @@ namespace idem::worker_session {
 namespace {
 
 volatile sig_atomic_t stop = false;
+volatile sig_atomic_t cancel_armed = false;
 
-// SIGTERM: stop. The cancel makes a statement under way fail at its next interrupt check
-// (a row, a page, a lock wait) instead of running to its end.
+// SIGTERM: stop. Once the round's error handling is in place (cancel_on_stop), the cancel
+// makes a statement under way fail at its next interrupt check (a row, a page, a lock wait)
+// instead of running to its end. Before that (while connecting), a cancel would be an ERROR
+// that ends the process with exit code 1 and a logged error: the flag alone stops it.
 void on_sigterm(SIGNAL_ARGS) {
   const int saved_errno = errno;
   stop = true;
-  InterruptPending = true;
-  QueryCancelPending = true;
+  if (cancel_armed) {
+    InterruptPending = true;
+    QueryCancelPending = true;
+  }
   SetLatch(MyLatch);
   errno = saved_errno;
 }
@@ -72,6 +77,15 @@ void handle_signals() {
 
 bool stop_requested() {
   return stop;
+}
+
+void cancel_on_stop() {
+  cancel_armed = true;
+  // A SIGTERM that came while connecting: the round stops at its first interrupt check.
+  if (stop) {
+    InterruptPending = true;
+    QueryCancelPending = true;
+  }
 }
 
 // pg-frame: called by the worker mains before any C++ object of theirs exists.

@@ -28,12 +28,16 @@ namespace idem::worker_session {
 constexpr int kBatchTimeoutMs = 10 * 1000;
 constexpr int kLockTimeoutMs = 1000;
 
-// Installs the signal handlers: SIGTERM asks the process to stop (a flag, and a cancel of
-// the statement under way so that it stops within milliseconds); the caller finishes
+// Installs the signal handlers: SIGTERM asks the process to stop (a flag, and, once
+// cancel_on_stop() has been called, a cancel of the statement under way so that it stops
+// within milliseconds); the caller finishes
 // quietly and exits with 0, so a shutdown logs nothing above LOG. SIGHUP reloads.
 void handle_signals();
 // True once SIGTERM has arrived.
 bool stop_requested();
+// Called where the round's error handling takes a cancel for a stop: from here on SIGTERM
+// also cancels the statement under way (before, it only sets the flag).
+void cancel_on_stop();
 
 // Before BackgroundWorkerInitializeConnectionByOid: pins the settings above and remembers
 // the others' values.

@@ -560,7 +560,7 @@ suite_tap() {
 # --- extra suites (test/suites/*.sh) ----------------------------------------------------
 
 suite_suites() {
-  local f name dir rc p fl line
+  local f name dir rc p fl line skipped
   local -a files=()
   mapfile -t files < <(selected suites .sh "$IDEM_ROOT"/test/suites/*.sh)
   for f in "${files[@]}"; do
@@ -577,7 +577,9 @@ suite_suites() {
     if [[ -n $line ]]; then
       read -r p _ fl _ <<<"$line"
       ((rc != 0 && fl == 0)) && fl=1 && echo "    (exit $rc although it reported no failure)"
-      record "suite:$name" "$p" "$fl"
+      # A suite that cannot run here (what it needs is not installed) says "# skipped: WHY".
+      skipped="$(sed -nE 's/^# skipped: (.*)$/\1/p' "$IDEM_SCRATCH/suites/$name.log" | head -1)"
+      record "suite:$name" "$p" "$fl" "${skipped:+(skipped: $skipped)}"
     else
       record "suite:$name" 0 1 "(no summary line; exit $rc)"
     fi

@@ -6,6 +6,9 @@
 # $TMPDIR, or IDEM_GOPATH). Run from clients/go or a folder under it:
 #   ./offline.sh go test ./...
 #   ./offline.sh go build -o /tmp/conformance-app ./cmd/conformance-app
+# or from an example under examples/ that imports the package (examples/go/middleware), which
+# is then built where it stands (from anywhere else, it runs in clients/go):
+#   cd examples/go/middleware && ../../../clients/go/offline.sh go test -v
 set -eu
 here="$(cd "$(dirname "$0")" && pwd -P)"
 root="$(dirname "$(dirname "$here")")"
@@ -18,8 +21,8 @@ if [ "$(readlink "$link" 2>/dev/null)" != "$root" ]; then
 fi
 cwd="$(pwd -P)"
 case "$cwd/" in
-"$here"/*) rel="${cwd#"$here"}" ;;
-*) rel="" ;;
+"$here"/*) cd "$link/clients/go${cwd#"$here"}" ;;
+"$root"/examples/*) ;;  # an example that imports the package: built where it stands
+*) cd "$link/clients/go" ;;
 esac
-cd "$link/clients/go$rel"
 GO111MODULE=off GOPATH="$gopath:/usr/share/gocode" GOFLAGS= exec "$@"

@@ -372,6 +372,29 @@ $$;
 COMMENT ON FUNCTION idempotency.uuid_v7_next() IS
   'Internal: the next UUIDv7 of this session (gen_uuid_v7 without its search_path switch).';
 
+-- A claim's token: a UUIDv7 of the claim's time and 62 random bits of gen_random_uuid (whose
+-- last 8 bytes carry variant 10 already), its first 8 bytes replaced by 48 bits of
+-- milliseconds, the version and 12 bits of the fraction. One SQL expression, inlined where it
+-- is used: no session state to read and write as uuid_v7_next does (a token need not be
+-- strictly increasing within a session, only unique and of its claim's time, which
+-- explain_fence reads back).
+CREATE OR REPLACE FUNCTION idempotency.uuid_v7_at(at pg_catalog.timestamptz) RETURNS pg_catalog.uuid
+LANGUAGE sql VOLATILE PARALLEL SAFE
+AS $$
+  -- (µs / 1000) << 16 | 0x7000 (version 7) | (µs % 1000) * 4096 / 1000, µs since 1970
+  SELECT pg_catalog.encode(pg_catalog.overlay(
+           pg_catalog.uuid_send(pg_catalog.gen_random_uuid()),
+           pg_catalog.int8send(
+             ((pg_catalog."extract"('epoch', $1) OPERATOR(pg_catalog.*) 1000000)::pg_catalog.int8
+                OPERATOR(pg_catalog./) 1000 OPERATOR(pg_catalog.<<) 16)
+             OPERATOR(pg_catalog.|) 28672
+             OPERATOR(pg_catalog.|) ((pg_catalog."extract"('epoch', $1) OPERATOR(pg_catalog.*) 1000000)::pg_catalog.int8
+                                       OPERATOR(pg_catalog.%) 1000 OPERATOR(pg_catalog.*) 4096 OPERATOR(pg_catalog./) 1000)),
+           1, 8), 'hex')::pg_catalog.uuid
+$$;
+COMMENT ON FUNCTION idempotency.uuid_v7_at(timestamptz) IS
+  'Internal: a UUIDv7 of the given time (a claim''s token), random bits from gen_random_uuid (inlined by the planner).';
+
 CREATE OR REPLACE FUNCTION idempotency.gen_uuid_v7() RETURNS pg_catalog.uuid
 LANGUAGE plpgsql VOLATILE PARALLEL SAFE
 SET search_path = pg_catalog, pg_temp
@@ -414,9 +437,25 @@ COMMENT ON FUNCTION idempotency.uuid_v7_time(uuid) IS
 -- The claim protocol
 -------------------------------------------------------------------------------
 
--- The tag of the transaction-level advisory lock of the caller's (scope, key): 64 bits of
--- SHA-256 over the caller's own secret and the key's identity. Makes the secret on a role's
--- first claim (a first claim of the same role in a concurrent transaction then waits for it).
+-- The tag of the transaction-level advisory lock of an owner's (scope, key): 64 bits of
+-- SHA-256 over the owner's own secret and the key's identity. One SQL expression, inlined
+-- where it is used (key_lock_tag and claim_key's claim of an absent key), so that both
+-- compute the same tag for the same key.
+CREATE OR REPLACE FUNCTION idempotency.lock_tag_of(secret pg_catalog.bytea, owner pg_catalog.text,
+                                                   scope pg_catalog.text, key pg_catalog.text)
+RETURNS pg_catalog.int8
+LANGUAGE sql STABLE PARALLEL SAFE
+AS $$
+  SELECT ('x' OPERATOR(pg_catalog.||) pg_catalog.encode(pg_catalog.substr(pg_catalog.sha256(
+            $1 OPERATOR(pg_catalog.||) pg_catalog.convert_to($2, 'UTF8') OPERATOR(pg_catalog.||) '\x00'::pg_catalog.bytea
+            OPERATOR(pg_catalog.||) pg_catalog.convert_to($3, 'UTF8') OPERATOR(pg_catalog.||) '\x00'::pg_catalog.bytea
+            OPERATOR(pg_catalog.||) pg_catalog.convert_to($4, 'UTF8')), 1, 8), 'hex'))::pg_catalog.bit(64)::pg_catalog.int8
+$$;
+COMMENT ON FUNCTION idempotency.lock_tag_of(bytea, text, text, text) IS
+  'Internal: the advisory lock tag of (owner, scope, key) keyed by the owner''s secret (inlined by the planner).';
+
+-- The tag of the caller's (scope, key). Makes the secret on a role's first claim (a first
+-- claim of the same role in a concurrent transaction then waits for it).
 CREATE OR REPLACE FUNCTION idempotency.key_lock_tag(scope pg_catalog.text, key pg_catalog.text)
 RETURNS pg_catalog.int8
 LANGUAGE plpgsql VOLATILE SECURITY INVOKER PARALLEL UNSAFE
@@ -431,9 +470,7 @@ BEGIN
     INSERT INTO idempotency.role_secrets (owner) VALUES (me) ON CONFLICT DO NOTHING;
     SELECT s.secret INTO STRICT role_secret FROM idempotency.role_secrets s WHERE s.owner = me;
   END IF;
-  RETURN ('x' || encode(substr(sha256(role_secret || convert_to(me, 'UTF8') || '\x00'::bytea
-                                      || convert_to(scope, 'UTF8') || '\x00'::bytea
-                                      || convert_to(key, 'UTF8')), 1, 8), 'hex'))::bit(64)::int8;
+  RETURN idempotency.lock_tag_of(role_secret, me, scope, key);
 END
 $$;
 COMMENT ON FUNCTION idempotency.key_lock_tag(text, text) IS
@@ -499,24 +536,44 @@ DECLARE
   me_oid oid;
   here int8;
   foreign_row boolean;
+  claimed idempotency.claim_result;  -- the answer of the one-statement claim (other fields NULL)
 BEGIN
   IF NOT pg_catalog.has_schema_privilege('idempotency', 'USAGE') THEN
     RAISE EXCEPTION 'permission denied for schema idempotency' USING ERRCODE = '42501',
       DETAIL = 'Calls reached by OID (a BEGIN ATOMIC body, a view, a kept plan) are checked too.';
   END IF;
-  PERFORM idempotency.check_name(k, sc);
-  IF fp IS NOT NULL THEN
-    PERFORM idempotency.check_size(octet_length(fp), 'fingerprint', 'max_fingerprint_size', 64, 1024);
-  END IF;
-  v_ttl := idempotency.checked_interval(claim_key.ttl, 'ttl');
-  v_lease := idempotency.checked_interval(claim_key.lease, 'lease');
-  IF claim_key.wait IS NULL THEN
+  -- The usual call (no setting of this edition set, the arguments within the defaults' limits,
+  -- default ttl and lease, no wait) is checked in one expression: a PL/pgSQL expression or
+  -- helper call is set up again in each transaction, and a claim is often the only call of
+  -- its transaction. Any other call goes through the helpers, which say what is wrong (NULL,
+  -- empty or too long, a bad setting); the defaults here are theirs.
+  IF k <> '' AND octet_length(k) <= 255 AND octet_length(sc) <= 255
+     AND (fp IS NULL OR octet_length(fp) <= 64)
+     AND claim_key.ttl IS NULL AND claim_key.lease IS NULL AND claim_key.wait = interval '0'
+     AND concat(current_setting('idempotency.max_key_length', true),
+                current_setting('idempotency.max_fingerprint_size', true),
+                current_setting('idempotency.default_ttl', true),
+                current_setting('idempotency.max_ttl', true),
+                current_setting('idempotency.default_lease', true),
+                current_setting('idempotency.max_lease', true)) = '' THEN
+    v_ttl := interval '86400 seconds';
+    v_lease := interval '300 seconds';
     deadline := started;
   ELSE
-    IF idempotency.as_span(claim_key.wait, 'wait') < interval '0' THEN
-      RAISE EXCEPTION 'wait must not be negative' USING ERRCODE = '22023';
+    PERFORM idempotency.check_name(k, sc);
+    IF fp IS NOT NULL THEN
+      PERFORM idempotency.check_size(octet_length(fp), 'fingerprint', 'max_fingerprint_size', 64, 1024);
     END IF;
-    deadline := started + idempotency.as_span(claim_key.wait, 'wait');
+    v_ttl := idempotency.checked_interval(claim_key.ttl, 'ttl');
+    v_lease := idempotency.checked_interval(claim_key.lease, 'lease');
+    IF claim_key.wait IS NULL THEN
+      deadline := started;
+    ELSE
+      IF idempotency.as_span(claim_key.wait, 'wait') < interval '0' THEN
+        RAISE EXCEPTION 'wait must not be negative' USING ERRCODE = '22023';
+      END IF;
+      deadline := started + idempotency.as_span(claim_key.wait, 'wait');
+    END IF;
   END IF;
 
   LOOP
@@ -525,6 +582,28 @@ BEGIN
     SELECT * INTO r FROM idempotency.idempotency_keys t
      WHERE t.key = k AND t.scope = sc AND t.owner = me;
     found_row := FOUND;
+    IF NOT found_row AND NOT locked THEN
+      -- An absent key, the usual new claim: the key's lock, tagged with the role's secret, and
+      -- the row in one statement (the lock is tried before the insert, so a claim in an open
+      -- transaction is never waited for on the unique index). Nothing inserted (the role has
+      -- no secret yet, an open claim holds the lock, a row was committed since the look):
+      -- the steps below decide, as for any key.
+      INSERT INTO idempotency.idempotency_keys AS t
+             (owner, scope, key, fingerprint, attempts, ttl, lease, created_at, expires_at,
+              lease_token, locked_until, status, updated_at, owner_oid, owner_system)
+      SELECT me, sc, k, fp, 1, v_ttl, v_lease, now_ts, greatest(now_ts + v_ttl, now_ts + v_lease),
+             idempotency.uuid_v7_at(now_ts), now_ts + v_lease, 'processing', now_ts,
+             quote_ident(me)::regrole::oid, (SELECT c.system_identifier FROM pg_control_system() c)
+        FROM idempotency.role_secrets s
+       WHERE s.owner = me AND pg_try_advisory_xact_lock(idempotency.lock_tag_of(s.secret, me, sc, k))
+      ON CONFLICT (key, scope, owner) DO NOTHING
+      RETURNING 'claimed', t.lease_token, t.fingerprint, t.attempts, t.created_at, t.expires_at
+           INTO claimed.status, claimed.token, claimed.fingerprint, claimed.attempts,
+                claimed.created_at, claimed.expires_at;
+      IF FOUND THEN
+        RETURN claimed;
+      END IF;
+    END IF;
     -- A row of the caller's name stamped here by another role (an earlier role of this name)
     -- is absent for the caller: a claim replaces it with a fresh one.
     foreign_row := false;
@@ -590,7 +669,7 @@ BEGIN
       locked := true;
     END IF;
 
-    tok := idempotency.uuid_v7_next();
+    tok := idempotency.uuid_v7_at(now_ts);
     me_oid := coalesce(me_oid, quote_ident(me)::regrole::oid);
     here := coalesce(here, (pg_control_system()).system_identifier);
     until := now_ts + v_lease;

@@ -14,9 +14,19 @@ Conversely, neither a pg_call callable nor a pg-frame function may name a C++ ty
 destructor (std::string and the like, or a class of src/ that declares one): a longjmp would
 skip it. Member functions defined in a class body are checked like any other function.
 
+The layer rule (issue #39): every PostgreSQL call that C++ makes sits behind a named wrapper
+in src/pg/ (each catching through pg_call, each with its one-line contract). In every file
+outside src/pg/ that is not listed in NOT_YET_IN_LAYER, the lint refuses
+  - any use of pg_call (call a wrapper of src/pg/ instead), and
+  - any call of a raising function, whether in pg_call, in a pg-frame function or on a line
+    marked "// pg:", except in the functions listed in PG_FRAMES: functions that PostgreSQL
+    itself calls (hooks, callbacks) where no wrapper can stand between.
+NOT_YET_IN_LAYER names the files whose calls have not moved yet; they keep the older rule
+above. It only shrinks.
+
 The list of raising functions below is not complete; it names the ones this code uses, so a new
 use of any of them is caught. Prints one line per violation (file:line: what) and exits 1 if
-there is any. Usage: test/lint/boundary.py [FILE...] (default: src/*.cpp src/*.hpp).
+there is any. Usage: test/lint/boundary.py [FILE...] (default: src/*.cpp src/*.hpp and src/pg/).
 """
 import glob
 import re
@@ -25,7 +35,7 @@ import sys
 # PostgreSQL functions and macros this code calls that may ereport(ERROR).
 RAISING = r"""
 palloc palloc0 repalloc pstrdup psprintf pfree cstring_to_text text_to_cstring
-AllocSetContextCreate MemoryContextReset MemoryContextDelete
+AllocSetContextCreate AllocSetContextCreateInternal MemoryContextReset MemoryContextDelete
 SPI_connect SPI_finish SPI_execute SPI_execute_plan SPI_execute_with_args SPI_prepare
 SPI_prepare_cursor SPI_keepplan SPI_freeplan SPI_freetuptable SPI_getbinval
 table_open table_close relation_open relation_close index_open index_close
@@ -55,6 +65,29 @@ quote_qualified_identifier pg_cryptohash_create RegisterDynamicBackgroundWorker
 BackgroundWorkerInitializeConnection BackgroundWorkerInitializeConnectionByOid
 """.split()
 CALL = re.compile(r"\b(" + "|".join(map(re.escape, RAISING)) + r")\s*\(")
+
+# The layer of named wrappers, and the boundary mechanism it is built on.
+LAYER = "src/pg/"
+BOUNDARY = {"src/pg.hpp", "src/pg_boundary.hpp", "src/pg_boundary.cpp"}
+# Files whose PostgreSQL calls have not moved behind src/pg/ yet (the older rule holds there).
+NOT_YET_IN_LAYER = {
+    "src/arguments.hpp", "src/caller.cpp",
+    "src/caller.hpp", "src/citus_guard.cpp", "src/cleanup.cpp",
+    "src/cleanup_call.cpp", "src/cleanup_launcher.cpp", "src/cleanup_shared.cpp",
+    "src/cleanup_statements.cpp", "src/cleanup_throttle.cpp", "src/cleanup_worker.cpp",
+    "src/gucs.cpp", "src/installation_check.cpp",
+    "src/installation_check.hpp", "src/installation_check_schema.cpp",
+    "src/installation_check_tables.cpp", "src/key_heap.cpp", "src/key_heap_scan.hpp",
+    "src/key_heap_write.cpp", "src/key_layout.cpp", "src/key_row.hpp", "src/module.cpp",
+    "src/responses.cpp", "src/result_scan.cpp", "src/schema_guard.cpp", "src/sha256.hpp",
+    "src/sql_functions.cpp", "src/worker_session.cpp",
+}
+# (file, function): called by PostgreSQL itself, calling it directly where no wrapper can
+# stand between. Each is marked "pg-frame:" in its file, with the reason.
+PG_FRAMES = {
+    ("src/key_wait.cpp", "initialize"),  # the shared-memory start-up hook, in the postmaster
+    ("src/own_claims.cpp", "forget_rolled_back_claims"),  # a subtransaction callback
+}
 
 # C++ types whose objects have destructors, as a pg_call callable or a pg-frame function would
 # name them; the classes of src/ that declare a destructor are added by main().
@@ -149,7 +182,8 @@ def check(path):
                     comment.append(lines[j])
                     j -= 1
                 exempt = any("pg-frame:" in c for c in comment)
-                frames.append((k, end, exempt))
+                name = re.search(r"(~?\w+)\s*\([^{]*$", head)
+                frames.append((k, end, exempt, name.group(1) if name else ""))
             depth_kinds.append("ns" if is_ns else ("type" if is_type else "block"))
         else:
             if depth_kinds:
@@ -165,17 +199,30 @@ def check(path):
         where = None
         if any(a < at < b for a, b in wrapped):
             where = "a pg_call callable"
-        elif any(a < at < b and exempt for a, b, exempt in frames):
+        elif any(a < at < b and exempt for a, b, exempt, _ in frames):
             where = "a function marked pg-frame"
         if where and not annotated(line_of(at), line_of(at)):
             problems.append(f"{path}:{line_of(at)}: {m.group(0)} (a C++ object with a destructor) in {where}")
+    if in_layer_rule(path):
+        for a, _ in wrapped:
+            problems.append(f"{path}:{line_of(a)}: pg_call outside {LAYER}: call a wrapper of {LAYER}")
+        for m in CALL.finditer(code):
+            at = m.start()
+            inside = [(exempt, name) for a, b, exempt, name in frames if a < at < b]
+            if not inside:
+                continue  # not in a function body (a declaration or a macro)
+            if any(exempt and (path, name) in PG_FRAMES for exempt, name in inside):
+                continue
+            problems.append(f"{path}:{line_of(at)}: {m.group(1)}() outside {LAYER} (a raising "
+                            f"PostgreSQL call: put it behind a wrapper of {LAYER})")
+        return problems
     for m in CALL.finditer(code):
         at = m.start()
         if any(a < at < b for a, b in wrapped):
             continue
-        if any(a < at < b and exempt for a, b, exempt in frames):
+        if any(a < at < b and exempt for a, b, exempt, _ in frames):
             continue
-        if not any(a < at < b for a, b, _ in frames):
+        if not any(a < at < b for a, b, _, _ in frames):
             continue  # not in a function body (a declaration or a macro)
         line = line_of(at)
         # The reason may end any line of the call (clang-format wraps long calls).
@@ -185,10 +232,18 @@ def check(path):
     return problems
 
 
+def in_layer_rule(path):
+    """Outside src/pg/, in a file moved to the layer already."""
+    path = path[2:] if path.startswith("./") else path
+    return not path.startswith(LAYER) and path not in BOUNDARY and path not in NOT_YET_IN_LAYER
+
+
 def main():
-    files = sys.argv[1:] or sorted(glob.glob("src/*.cpp") + glob.glob("src/*.hpp"))
+    sources = glob.glob("src/*.cpp") + glob.glob("src/*.hpp") + glob.glob(LAYER + "*.cpp") + \
+        glob.glob(LAYER + "*.hpp")
+    files = sys.argv[1:] or sorted(sources)
     global owning
-    owning = owning_types(sorted(set(files) | set(glob.glob("src/*.hpp"))))
+    owning = owning_types(sorted(set(files) | set(glob.glob("src/*.hpp")) | set(glob.glob(LAYER + "*.hpp"))))
     problems = [p for f in files for p in check(f)]
     for p in problems:
         print(p)

@@ -8,7 +8,7 @@
 \pset tuples_only on
 SET client_min_messages = warning;
 
-SELECT plan(177);
+SELECT plan(178);
 
 -------------------------------------------------------------------------------
 -- 1. A hostile search_path changes nothing (before any other call in this backend, so
@@ -102,6 +102,12 @@ SELECT is((SELECT fingerprint FROM t), request_fingerprint('{"a": 1}'::jsonb), '
 SELECT is((SELECT response FROM t), NULL, 'claimed: no response');
 SELECT is((SELECT owner FROM idempotency_keys WHERE key = 'sm-1'), current_user::text,
           'the row belongs to the calling role');
+-- Without ttl and lease, the defaults (24 hours, 5 minutes): the portable edition takes them
+-- on its short path for the usual call, which must store what the settings' path stores.
+CREATE TEMP TABLE t_defaults AS SELECT * FROM claim_key('sm-defaults');
+SELECT is((SELECT format('%s %s %s %s', k.ttl, k.lease, k.expires_at - k.created_at, k.locked_until - k.created_at)
+             FROM idempotency_keys k, t_defaults d WHERE k.key = 'sm-defaults' AND d.status = 'claimed'),
+          '24:00:00 00:05:00 1 day 00:05:00', 'claimed without ttl and lease: 24 hours and 5 minutes, stored as spans');
 SELECT is((SELECT locked_until - created_at FROM idempotency_keys WHERE key = 'sm-1'), '10 min'::interval, 'the lease is as asked');
 
 CREATE TEMP TABLE d AS SELECT * FROM claim_key('sm-1', request_fingerprint('{"a": 1}'::jsonb));

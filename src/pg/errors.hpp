@@ -1,0 +1,21 @@
+// PostgreSQL errors raised on purpose from C++, and the formatting of values for messages.
+// Every wrapper catches (pg_call): the error arrives as PgError.
+#pragma once
+
+#include "../key_row.hpp"
+
+namespace idem::pg::errors {
+
+// Raises 40001 for a key written by a transaction that committed after this transaction's
+// snapshot (key_store::raise_committed_after_snapshot), as PgError. Always throws.
+[[noreturn]] inline void committed_after_snapshot(text* key) {
+  pg_call([&] { key_store::raise_committed_after_snapshot(key); });
+  throw Error(ERRCODE_INTERNAL_ERROR, "raise_committed_after_snapshot returned");
+}
+// `time` as timestamptz_to_str writes it (DateStyle, TimeZone). Raises not. Returns a
+// static buffer, overwritten by the next call.
+inline const char* timestamp_text(TimestampTz time) {
+  return pg_call([&] { return timestamptz_to_str(time); });
+}
+
+}  // namespace idem::pg::errors
