@@ -254,30 +254,36 @@ bool delete_orphans(const Request& request, Oid table, TimestampTz started, Thro
 // The batches of expired keys, until none is left or the run must stop.
 void delete_expired_keys(const Request& request, TimestampTz started, Throttle& throttle,
                          Progress& progress) {
-  statements::Batch batch;
+  statements::Cursor cursor;
   // After an unfinished round, go on where it stopped instead of walking again over the
-  // index entries of the keys it deleted (dead until VACUUM).
-  batch.last_expiry = request.resume ? stats::resume_point(MyDatabaseId) : DT_NOBEGIN;
+  // index entries (B-Tree) or the blocks (BRIN) of the keys it deleted (dead until VACUUM).
+  if (request.resume) {
+    const stats::Resume resume = stats::resume_point(MyDatabaseId);
+    cursor.expiry = resume.expiry;
+    cursor.start = cursor.block = resume.block;
+  }
   for (;;) {
     const int rows = throttle.start_batch(request.batch_size);
+    statements::Cursor moved = cursor;
     statements::Batch done;
     const Step step =
         in_transaction(request, progress, "idempotency cleanup: deleting a batch of expired keys",
                        [&](const caller::Installation& installation) {
                          done = statements::delete_expired(installation.table, request.now,
-                                                           batch.last_expiry, rows);
+                                                           moved, rows);
                        });
     if (step == Step::kPaused) progress.paused = true;
     if (step != Step::kDone) return;
-    batch = done;
-    progress.deleted += batch.deleted;
+    cursor = moved;
+    progress.deleted += done.deleted;
     // Counted batch by batch, so that the view shows a long run's progress.
-    stats::count(stats::kExpiredDeleted, batch.deleted);
-    if (!batch.full) return;  // fewer keys than asked for: none is left
-    pause(throttle, batch.deleted, progress);
+    stats::count(stats::kExpiredDeleted, done.deleted);
+    if (!done.full) return;  // fewer keys than asked for: none is left
+    pause(throttle, done.deleted, progress);
     if (should_stop(request, started)) {
       progress.unfinished = true;
-      progress.resume_from = batch.last_expiry;
+      progress.resume_from = cursor.expiry;
+      progress.resume_block = cursor.block;
       return;
     }
   }

@@ -20,7 +20,9 @@
 //     locked FOR UPDATE SKIP LOCKED (a claim holding a row is never blocked, and never loses
 //     its row) and deleted; the next batch starts from the largest expires_at deleted, so a run
 //     over a million expired keys reads each index entry about once instead of rescanning the
-//     dead entries that earlier batches left at the start of the index.
+//     dead entries that earlier batches left at the start of the index. Under a BRIN (16+)
+//     the batches go in block order instead, each from the block where the last one stopped
+//     (cleanup_statements.hpp, Cursor): each block read about once per run too.
 // Rows skipped because they were locked are left for the next run: a claim that holds such a
 // row is renewing it. Both the worker's rounds and idempotency_cleanup() are paced by the
 // throttle (cleanup_throttle.hpp): at full speed where nobody else works, in short batches
@@ -49,6 +51,7 @@ struct Progress {
   bool unfinished = false;  // stopped early (time, stop request): keys may be left
   uint64 deleted = 0;
   TimestampTz resume_from = DT_NOBEGIN;  // where an unfinished run's successor starts
+  BlockNumber resume_block = 0;          // ... under a BRIN (cleanup_statements.hpp, Cursor)
   bool orphan_pass = false;              // batches of the pass over keys of dropped roles ran
   Size peak_memory = 0;                  // the most memory the process had allocated during a batch
   int pauses = 0;                        // pauses of the throttle (cleanup_throttle.hpp)

@@ -15,8 +15,10 @@ namespace {
 // locked rows by their ctid (a TID scan) and checks the expiry once more. Under a BRIN on
 // expires_at (16+, `ordered` false) no index gives that order, and sorting every match to
 // take a batch would read the whole table per batch: the batch is the first expired keys in
-// the table's block order instead (a bitmap or sequential scan that stops at the LIMIT), and
-// $3 is always -infinity (the largest expiry deleted bounds nothing).
+// the table's block order instead (a bitmap or sequential scan that stops at the LIMIT; the
+// workers never synchronize sequential scans, worker_session.cpp), $3 is always -infinity,
+// and the statement returns the largest ctid deleted, where the next batch goes on
+// (range_batch_sql).
 std::string batch_sql(const std::string& table, bool ordered) {
   return "WITH gone AS (DELETE FROM " + table +
          " WHERE ctid OPERATOR(pg_catalog.=) ANY (ARRAY("
@@ -26,8 +28,21 @@ std::string batch_sql(const std::string& table, bool ordered) {
          " AND expires_at OPERATOR(pg_catalog.<=) $1" +
          (ordered ? " ORDER BY expires_at" : "") +
          " LIMIT $2 FOR UPDATE SKIP LOCKED))"
-         " AND expires_at OPERATOR(pg_catalog.<=) $1 RETURNING expires_at)"
-         " SELECT pg_catalog.count(*), pg_catalog.max(expires_at) FROM gone";
+         " AND expires_at OPERATOR(pg_catalog.<=) $1 RETURNING " +
+         (ordered ? "expires_at" : "ctid") + ") SELECT pg_catalog.count(*), pg_catalog.max(" +
+         (ordered ? "expires_at" : "ctid") + ") FROM gone";
+}
+
+// Under a BRIN, the batches after a run's first: up to $4 keys expired at $3 in the blocks
+// [$1, $2), read by a TID range scan from $1 that stops at the LIMIT, locked without waiting
+// and deleted; returns the largest ctid deleted (the next batch starts in its block).
+std::string range_batch_sql(const std::string& table) {
+  const std::string expired = " expires_at OPERATOR(pg_catalog.<=) $3";
+  return "WITH gone AS (DELETE FROM " + table +
+         " WHERE ctid OPERATOR(pg_catalog.=) ANY (ARRAY(SELECT ctid FROM " + table +
+         " WHERE ctid OPERATOR(pg_catalog.>=) $1 AND ctid OPERATOR(pg_catalog.<) $2 AND" +
+         expired + " LIMIT $4 FOR UPDATE SKIP LOCKED)) AND" + expired +
+         " RETURNING ctid) SELECT pg_catalog.count(*), pg_catalog.max(ctid) FROM gone";
 }
 
 // Has `relation` a B-Tree whose first column is expires_at (the cleanup's ordered walk)?
@@ -104,7 +119,7 @@ std::string drop_responses_sql(const std::string& table) {
          " RETURNING 1) SELECT pg_catalog.count(*) FROM dropped";
 }
 
-enum PlanId { kBatch, kOrphans, kAdopt, kDropResponses, kPlanCount };
+enum PlanId { kBatch, kRangeBatch, kOrphans, kAdopt, kDropResponses, kPlanCount };
 
 // Plans kept by the process for the relation they were made for (the table, or a Citus
 // shard; a new OID after DROP and CREATE EXTENSION makes them stale).
@@ -141,6 +156,9 @@ SPIPlanPtr plan_for(Oid relation, PlanId id) {
     cache->ordered = expiry_is_ordered(relation);
     sql = batch_sql(name, cache->ordered);
     types = {TIMESTAMPTZOID, INT4OID, TIMESTAMPTZOID};
+  } else if (id == kRangeBatch) {
+    sql = range_batch_sql(name);
+    types = {TIDOID, TIDOID, TIMESTAMPTZOID, INT4OID};
   } else if (id == kDropResponses) {
     sql = drop_responses_sql(name);
     types = {TIMESTAMPTZOID, INT4OID};
@@ -172,6 +190,8 @@ struct Row {
   bool has_time = false;
   TimestampTz time = 0;    // a second column of type timestamptz
   int64 second_count = 0;  // a second column of type bigint
+  bool has_tid = false;
+  ItemPointerData tid{};  // a second column of type tid
 };
 Row run_one_row(Oid relation, PlanId id, Datum* values, std::initializer_list<Oid> types) {
   SPIPlanPtr plan = plan_for(relation, id);
@@ -193,6 +213,9 @@ Row run_one_row(Oid relation, PlanId id, Datum* values, std::initializer_list<Oi
       Datum second = SPI_getbinval(table->vals[0], table->tupdesc, 2, &is_null);  // pg: see above
       if (*(types.begin() + 1) == INT8OID) {
         row.second_count = is_null ? 0 : DatumGetInt64(second);
+      } else if (*(types.begin() + 1) == TIDOID) {
+        row.has_tid = !is_null;
+        if (!is_null) ItemPointerCopy(DatumGetItemPointer(second), &row.tid);
       } else {
         row.has_time = !is_null;
         row.time = is_null ? 0 : DatumGetTimestampTz(second);
@@ -273,21 +296,48 @@ std::vector<Oid> key_relations(Oid table) {
   return relations;
 }
 
-Batch delete_expired(Oid table, TimestampTz now, TimestampTz from, int batch_size) {
+Batch delete_expired(Oid table, TimestampTz now, Cursor& cursor, int batch_size) {
   const std::vector<Oid> relations = key_relations(table);
   const bool sharded = !(relations.size() == 1 && relations[0] == table);
   Batch batch;
-  batch.last_expiry = from;
   for (Oid relation : relations) {
-    // Shards start from the beginning of their index each time: `from` is the table's.
     plan_for(relation, kBatch);
     const bool ordered = cache_for(relation).ordered;
+    if (!sharded && !ordered && (cursor.walking || cursor.start != 0)) {
+      // A BRIN, after the run's first batch (or from where an unfinished round stopped): the
+      // blocks from where the last batch stopped to the end, then once [0, start).
+      ItemPointerData low;
+      ItemPointerData high;
+      ItemPointerSet(&low, cursor.block, 0);
+      ItemPointerSet(&high, cursor.wrapped ? cursor.start : InvalidBlockNumber, 0);
+      Datum values[] = {PointerGetDatum(&low), PointerGetDatum(&high), TimestampTzGetDatum(now),
+                        Int32GetDatum(batch_size)};
+      const Row row = run_one_row(relation, kRangeBatch, values, {INT8OID, TIDOID});
+      cursor.walking = true;
+      batch.deleted += static_cast<uint64>(row.count);
+      if (row.count >= batch_size && row.has_tid) {
+        cursor.block = ItemPointerGetBlockNumber(&row.tid);
+        batch.full = true;
+      } else if (!cursor.wrapped && cursor.start != 0) {
+        cursor.wrapped = true;
+        cursor.block = 0;
+        batch.full = true;
+      }
+      continue;
+    }
+    // Shards start from the beginning of their index each time: `cursor` is the table's.
     Datum values[] = {TimestampTzGetDatum(now), Int32GetDatum(batch_size),
-                      TimestampTzGetDatum(sharded || !ordered ? DT_NOBEGIN : from)};
-    Row row = run_one_row(relation, kBatch, values, {INT8OID, TIMESTAMPTZOID});
+                      TimestampTzGetDatum(sharded || !ordered ? DT_NOBEGIN : cursor.expiry)};
+    const Row row = run_one_row(relation, kBatch, values,
+                                {INT8OID, static_cast<Oid>(ordered ? TIMESTAMPTZOID : TIDOID)});
     batch.deleted += static_cast<uint64>(row.count);
     batch.full = batch.full || row.count >= batch_size;
-    if (!sharded && ordered && row.has_time) batch.last_expiry = row.time;
+    if (sharded) continue;
+    if (ordered && row.has_time) cursor.expiry = row.time;
+    if (!ordered) {
+      cursor.walking = true;
+      if (row.has_tid) cursor.block = ItemPointerGetBlockNumber(&row.tid);
+    }
   }
   return batch;
 }

@@ -11,13 +11,28 @@ namespace idem::cleanup::statements {
 
 struct Batch {
   uint64 deleted = 0;
-  bool full = false;                     // a relation gave batch_size rows: more may be left
-  TimestampTz last_expiry = DT_NOBEGIN;  // largest expires_at deleted; the next lower bound
+  bool full = false;  // a relation gave batch_size rows, or the walk wrapped: more may be left
 };
 
-// One batch of expired keys (from <= expires_at <= now) in every relation that holds keys
-// here.
-Batch delete_expired(Oid table, TimestampTz now, TimestampTz from, int batch_size);
+// Where a run of batches of expired keys stands. Under a B-Tree on expires_at, the largest
+// expiry deleted (the next batch's lower bound). Under a BRIN (16+) no index gives an order:
+// the first batch of a run that starts at block 0 takes the first expired keys in block order
+// (read by the BRIN's bitmap or sequentially), and every later batch goes on from the block
+// where the last one stopped by a TID range scan to the end of the table; a run that started
+// further on (an unfinished round's successor) then wraps once to [0, start). Each block is
+// read about once per run, not once per batch. A Citus node's shards are walked as before
+// (each batch from the start: `expiry` and the blocks are the table's).
+struct Cursor {
+  TimestampTz expiry = DT_NOBEGIN;  // B-Tree: the next lower bound of expires_at
+  BlockNumber start = 0;            // BRIN: the block the run started at
+  BlockNumber block = 0;            // BRIN: where the next batch starts
+  bool walking = false;             // BRIN: a batch ran (the next one reads a TID range)
+  bool wrapped = false;             // BRIN: past the end, now in [0, start)
+};
+
+// One batch of expired keys (expires_at <= now) in every relation that holds keys here,
+// from where `cursor` stands; moves it on.
+Batch delete_expired(Oid table, TimestampTz now, Cursor& cursor, int batch_size);
 
 // Up to `limit` keys of dropped or renamed roles in the blocks [from, to) of `relation`: how
 // many were deleted, and whether any was skipped, locked by another transaction (FOR UPDATE

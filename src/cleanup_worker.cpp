@@ -109,7 +109,9 @@ cleanup_shared::Outcome run_round() noexcept {
   if (recorded)
     stats::record_cleanup(MyDatabaseId, progress.deleted,
                           failure.empty() ? nullptr : failure.c_str(),
-                          progress.unfinished ? progress.resume_from : DT_NOBEGIN);
+                          progress.unfinished
+                              ? stats::Resume{progress.resume_from, progress.resume_block}
+                              : stats::Resume{});
   if (progress.installed) log_round(progress, started);
   if (!failure.empty()) return Outcome::kFailed;
   if (!progress.installed) return progress.paused ? Outcome::kPaused : Outcome::kNotInstalled;

@@ -22,7 +22,7 @@ struct DatabaseSlot {
   // Under the mutex:
   TimestampTz last_cleanup;  // 0 = never
   uint64 last_cleanup_deleted;
-  TimestampTz resume_from;  // where the round after an unfinished one starts
+  stats::Resume resume;  // where the round after an unfinished one starts
   char last_error[kErrorLength];
   TimestampTz last_orphan_pass;    // 0 = never
   TimestampTz last_start_failure;  // 0 = never
@@ -47,7 +47,7 @@ DatabaseSlot* my_slot = nullptr;  // this backend's database
 void clear_fields(DatabaseSlot& slot) {
   slot.last_cleanup = 0;
   slot.last_cleanup_deleted = 0;
-  slot.resume_from = DT_NOBEGIN;
+  slot.resume = stats::Resume{};
   slot.last_error[0] = '\0';
   slot.last_orphan_pass = 0;
   slot.last_start_failure = 0;
@@ -105,7 +105,7 @@ void count(Counter counter, uint64 n) {
   if (my_slot != nullptr) pg_atomic_fetch_add_u64(&my_slot->counters[counter], n);
 }
 
-void record_cleanup(Oid database, uint64 deleted, const char* error, TimestampTz resume_from) {
+void record_cleanup(Oid database, uint64 deleted, const char* error, Resume resume) {
   if (shared == nullptr) return;
   DatabaseSlot* slot = slot_of(database);
   if (slot == nullptr) return;
@@ -114,7 +114,7 @@ void record_cleanup(Oid database, uint64 deleted, const char* error, TimestampTz
   SpinLockAcquire(&shared->mutex);
   slot->last_cleanup = now;
   slot->last_cleanup_deleted = deleted;
-  slot->resume_from = resume_from;
+  slot->resume = resume;
   if (error != nullptr)
     strlcpy(slot->last_error, error, sizeof slot->last_error);
   else
@@ -122,14 +122,14 @@ void record_cleanup(Oid database, uint64 deleted, const char* error, TimestampTz
   SpinLockRelease(&shared->mutex);
 }
 
-TimestampTz resume_point(Oid database) {
-  if (shared == nullptr) return DT_NOBEGIN;
+Resume resume_point(Oid database) {
+  if (shared == nullptr) return {};
   DatabaseSlot* slot = slot_of(database);
-  if (slot == nullptr) return DT_NOBEGIN;
+  if (slot == nullptr) return {};
   SpinLockAcquire(&shared->mutex);
-  TimestampTz resume_from = slot->resume_from;
+  const Resume resume = slot->resume;
   SpinLockRelease(&shared->mutex);
-  return resume_from;
+  return resume;
 }
 
 bool orphan_pass_due(Oid database, Oid table, uint64 generation, bool pending_counts) {

@@ -33,14 +33,17 @@ void count(Counter counter, uint64 n = 1);
 // Records the end of a cleanup round in database `database`: one more run, its time, how
 // many keys it deleted and its error (nullptr: none). The deleted keys themselves are
 // counted batch by batch with count(kExpiredDeleted, n), so the view shows progress.
-// `resume_from` is where the next round starts when this one stopped early with expired
-// keys left (its largest expires_at); DT_NOBEGIN otherwise.
-void record_cleanup(Oid database, uint64 deleted, const char* error,
-                    TimestampTz resume_from = DT_NOBEGIN);
+// `resume` is where the next round starts when this one stopped early with expired keys left
+// (its largest expires_at under a B-Tree, its block under a BRIN); the start otherwise.
+struct Resume {
+  TimestampTz expiry = DT_NOBEGIN;
+  BlockNumber block = 0;
+};
+void record_cleanup(Oid database, uint64 deleted, const char* error, Resume resume = {});
 // Where a round in `database` should start: after an unfinished round, where it stopped
 // (the keys before it are gone, or locked, and then the next full round retries them);
-// otherwise DT_NOBEGIN (the start of the expires_at index).
-TimestampTz resume_point(Oid database);
+// otherwise the start (of the expires_at index, or block 0).
+Resume resume_point(Oid database);
 
 // The pass over keys whose owner names no role (cleanup.cpp). It runs when the role
 // generation (cleanup_shared.hpp) moved since the last complete pass over this database's

@@ -46,6 +46,10 @@ constexpr Pin kPins[] = {
     // A deletion of expired keys needs no standby's confirmation (a standby promoted without
     // it deletes the keys again): a commit never waits for one that is slow or gone.
     {"synchronous_commit", "local"},
+    // Under a BRIN the first batch of a run takes the first expired keys in block order and the
+    // next batch goes on from the last block it deleted in (cleanup_statements.cpp): a
+    // sequential scan joining another one mid-table would break that order.
+    {"synchronize_seqscans", "off"},
 };
 
 bool pinned(const char* name) {
