@@ -23,8 +23,8 @@
 #                                                    layout) on any major, for a before/after
 #
 # Environment: PG_CONFIG (test/lib.sh), HOT_PORT (5463), HOT_KEYS (1000000), HOT_WAL_TX
-# (20000), HOT_CLEANUP_ROWS (1000000), HOT_CALLGRIND_RUNS ("50 300"), BENCH_NO_BUILD=1 (use
-# the installed extension). Prints a summary; asserts nothing but the cleanup's correctness.
+# (20000), HOT_CLEANUP_ROWS (1000000), HOT_CALLGRIND_RUNS ("50 300"), HOT_CLEANUP_ONLY=1 (part 4
+# alone), BENCH_NO_BUILD=1 (use the installed extension). Prints a summary; asserts nothing but the cleanup's correctness.
 set -euo pipefail
 
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
@@ -84,6 +84,9 @@ echo "== the completion's write: PostgreSQL $(q 'SHOW server_version'), expiry i
 # The statements, by name, from bench/sql/instructions.txt.
 statement() { grep "^$1|" "$HERE/sql/instructions.txt" | cut -d'|' -f2-; }
 MEASURED=(inbox floor_v7 floor_pair_txn_clock floor_pair_txn claim_v7 replay pk_select_replay)
+
+# HOT_CLEANUP_ONLY=1: part 4 alone.
+if [[ ${HOT_CLEANUP_ONLY:-0} != 1 ]]; then
 
 # --- 1. instructions -----------------------------------------------------------------------
 
@@ -208,6 +211,8 @@ if q 'CREATE EXTENSION IF NOT EXISTS pageinspect' >/dev/null 2>&1; then
 else
   echo "  (pageinspect is not installed: entries per key not counted)"
 fi
+
+fi # HOT_CLEANUP_ONLY
 
 # --- 4. the cleanup with mixed ttls --------------------------------------------------------
 
