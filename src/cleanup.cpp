@@ -266,12 +266,11 @@ void delete_expired_keys(const Request& request, TimestampTz started, Throttle& 
     const int rows = throttle.start_batch(request.batch_size);
     statements::Cursor moved = cursor;
     statements::Batch done;
-    const Step step =
-        in_transaction(request, progress, "idempotency cleanup: deleting a batch of expired keys",
-                       [&](const caller::Installation& installation) {
-                         done = statements::delete_expired(installation.table, request.now,
-                                                           moved, rows);
-                       });
+    const Step step = in_transaction(
+        request, progress, "idempotency cleanup: deleting a batch of expired keys",
+        [&](const caller::Installation& installation) {
+          done = statements::delete_expired(installation.table, request.now, moved, rows);
+        });
     if (step == Step::kPaused) progress.paused = true;
     if (step != Step::kDone) return;
     cursor = moved;

@@ -40,8 +40,8 @@ std::string range_batch_sql(const std::string& table) {
   const std::string expired = " expires_at OPERATOR(pg_catalog.<=) $3";
   return "WITH gone AS (DELETE FROM " + table +
          " WHERE ctid OPERATOR(pg_catalog.=) ANY (ARRAY(SELECT ctid FROM " + table +
-         " WHERE ctid OPERATOR(pg_catalog.>=) $1 AND ctid OPERATOR(pg_catalog.<) $2 AND" +
-         expired + " LIMIT $4 FOR UPDATE SKIP LOCKED)) AND" + expired +
+         " WHERE ctid OPERATOR(pg_catalog.>=) $1 AND ctid OPERATOR(pg_catalog.<) $2 AND" + expired +
+         " LIMIT $4 FOR UPDATE SKIP LOCKED)) AND" + expired +
          " RETURNING ctid) SELECT pg_catalog.count(*), pg_catalog.max(ctid) FROM gone";
 }
 

@@ -107,11 +107,10 @@ cleanup_shared::Outcome run_round() noexcept {
   const bool recorded =
       !failure.empty() || (progress.installed && (!progress.paused || progress.deleted > 0));
   if (recorded)
-    stats::record_cleanup(MyDatabaseId, progress.deleted,
-                          failure.empty() ? nullptr : failure.c_str(),
-                          progress.unfinished
-                              ? stats::Resume{progress.resume_from, progress.resume_block}
-                              : stats::Resume{});
+    stats::record_cleanup(
+        MyDatabaseId, progress.deleted, failure.empty() ? nullptr : failure.c_str(),
+        progress.unfinished ? stats::Resume{progress.resume_from, progress.resume_block}
+                            : stats::Resume{});
   if (progress.installed) log_round(progress, started);
   if (!failure.empty()) return Outcome::kFailed;
   if (!progress.installed) return progress.paused ? Outcome::kPaused : Outcome::kNotInstalled;
