@@ -128,7 +128,8 @@ DROP ROLE cleanup_regress_user;
 -- under the B-Tree of PostgreSQL 15, an index scan in expiry order under the LIMIT, then a
 -- delete by TID, whatever the table size; under the BRIN of 16 and later, the statement
 -- without ORDER BY: the first expired keys in block order under the LIMIT (no sort of every
--- expired key), then the delete by TID
+-- expired key), then the delete by TID; it returns the largest ctid deleted, where the next
+-- batch starts
 SET plan_cache_mode = force_generic_plan;
 SELECT amname = 'brin' AS expiry_brin FROM pg_class JOIN pg_am ON pg_am.oid = relam
  WHERE pg_class.oid = 'idempotency_keys_expires_at_idx'::regclass \gset
@@ -137,8 +138,8 @@ PREPARE batch(timestamptz, int, timestamptz) AS
 WITH gone AS (DELETE FROM idempotency_keys WHERE ctid = ANY (ARRAY(
   SELECT ctid FROM idempotency_keys WHERE expires_at >= $3 AND expires_at <= $1
    LIMIT $2 FOR UPDATE SKIP LOCKED)) AND expires_at <= $1
-  RETURNING expires_at)
-SELECT count(*), max(expires_at) FROM gone;
+  RETURNING ctid)
+SELECT count(*), max(ctid) FROM gone;
 \else
 PREPARE batch(timestamptz, int, timestamptz) AS
 WITH gone AS (DELETE FROM idempotency_keys WHERE ctid = ANY (ARRAY(
@@ -170,6 +171,20 @@ SELECT count(*) FILTER (WHERE line ~ 'Tid Range Scan on idempotency_keys') AS ti
        count(*) FILTER (WHERE line ~ '(Seq|Index|Bitmap).* on idempotency_keys') AS other_scans
   FROM pg_temp.plan_of($$EXECUTE orphans('(0,0)', '(156,0)', 5000)$$) line;
 DEALLOCATE orphans;
+-- under the BRIN, the batches after a run's first: from the block where the last one stopped,
+-- by a TID range scan that stops at the LIMIT (not the BRIN's bitmap, which would read every
+-- candidate range from block 0 again: quadratic over a run)
+PREPARE range_batch(tid, tid, timestamptz, int) AS
+WITH gone AS (DELETE FROM idempotency_keys WHERE ctid = ANY (ARRAY(
+  SELECT ctid FROM idempotency_keys WHERE ctid >= $1 AND ctid < $2 AND expires_at <= $3
+   LIMIT $4 FOR UPDATE SKIP LOCKED)) AND expires_at <= $3
+  RETURNING ctid)
+SELECT count(*), max(ctid) FROM gone;
+SELECT count(*) FILTER (WHERE line ~ 'Tid Range Scan on idempotency_keys') AS tid_range_scans,
+       count(*) FILTER (WHERE line ~ 'Tid Scan on idempotency_keys') AS tid_scans,
+       count(*) FILTER (WHERE line ~ '(Seq|Index|Bitmap).* on idempotency_keys') AS other_scans
+  FROM pg_temp.plan_of($$EXECUTE range_batch('(7,0)', '(4294967295,0)', now(), 5000)$$) line;
+DEALLOCATE range_batch;
 RESET plan_cache_mode;
 
 DO $$ BEGIN
