@@ -215,7 +215,9 @@ Row run_one_row(Oid relation, PlanId id, Datum* values, std::initializer_list<Oi
         row.second_count = is_null ? 0 : DatumGetInt64(second);
       } else if (*(types.begin() + 1) == TIDOID) {
         row.has_tid = !is_null;
-        if (!is_null) ItemPointerCopy(DatumGetItemPointer(second), &row.tid);
+        // (DatumGetItemPointer is not in the headers of 15.)
+        if (!is_null)
+          ItemPointerCopy(reinterpret_cast<ItemPointer>(DatumGetPointer(second)), &row.tid);
       } else {
         row.has_time = !is_null;
         row.time = is_null ? 0 : DatumGetTimestampTz(second);
