@@ -18,4 +18,11 @@ inline const char* timestamp_text(TimestampTz time) {
   return pg_call([&] { return timestamptz_to_str(time); });
 }
 
+// How many bytes of the `length` bytes at `string` (in the database encoding) fit in `limit`
+// bytes without cutting a character. Raises (an invalid multibyte sequence). Allocates
+// nothing.
+inline int clipped_length(const char* string, int length, int limit) {
+  return pg_call([&] { return pg_mbcliplen(string, length, limit); });
+}
+
 }  // namespace idem::pg::errors
