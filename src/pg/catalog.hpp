@@ -56,11 +56,20 @@ inline const char* function_name(Oid function) {
 inline const char* schema_name(Oid schema) {
   return pg_call([&] { return static_cast<const char*>(get_namespace_name(schema)); });
 }
-// Does `role` have USAGE on `schema`, directly or through a membership? Raises (42704 for a
-// schema dropped meanwhile, a syscache failure). Allocates nothing that outlives the call.
-inline bool has_schema_usage(Oid schema, Oid role) {
-  return pg_call([&] { return object_acl(NamespaceRelationId, schema, role, ACL_USAGE); }) ==
+// Does `role` have `privilege` (ACL_USAGE, ACL_CREATE) on `schema`, directly or through a
+// membership? Raises (42704 for a schema dropped meanwhile, a syscache failure). Allocates
+// nothing that outlives the call.
+inline bool has_schema_privilege(Oid schema, Oid role, AclMode privilege) {
+  return pg_call([&] { return object_acl(NamespaceRelationId, schema, role, privilege); }) ==
          ACLCHECK_OK;
+}
+// Does `role` have USAGE on `schema` (has_schema_privilege)?
+inline bool has_schema_usage(Oid schema, Oid role) {
+  return has_schema_privilege(schema, role, ACL_USAGE);
+}
+// Is the current user a superuser? Raises (a syscache failure). Allocates nothing.
+inline bool current_user_is_superuser() {
+  return pg_call([] { return superuser(); });
 }
 // The name of `role` as a text in `context`. Raises 42704 when there is no such role (a
 // syscache failure, out of memory). Allocates the text in `context`.

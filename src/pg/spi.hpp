@@ -71,6 +71,27 @@ inline void rows_into_result(const char* sql, ReturnSetInfo* rsinfo, const char*
     MemoryContextSwitchTo(caller_context);
   });
 }
+// Runs the read-only query `sql` (connected) with one text argument `argument` ($1) and
+// returns its first row's first column, a text, copied into `context`: nullptr when there is
+// no row (or the query's first column is not a text), "?" when the value is NULL. Raises
+// `failure` (XX000) when the query is not a SELECT; raises whatever the query raises.
+// Allocates the copy in `context`, the query's result in SPI's (freed by finish()).
+inline const char* first_text(const char* sql, const char* argument, MemoryContext context,
+                              const char* failure) {
+  return pg_call([&] {
+    const char* found = nullptr;
+    Oid types[] = {TEXTOID};
+    Datum values[] = {CStringGetTextDatum(argument)};
+    const int rc = SPI_execute_with_args(sql, 1, types, values, nullptr, true, 1);
+    if (rc != SPI_OK_SELECT) elog(ERROR, "%s", failure);
+    if (SPI_processed > 0 && SPI_tuptable->tupdesc->natts == 1 &&
+        TupleDescAttr(SPI_tuptable->tupdesc, 0)->atttypid == TEXTOID) {
+      char* value = SPI_getvalue(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 1);
+      found = value != nullptr ? MemoryContextStrdup(context, value) : "?";
+    }
+    return found;
+  });
+}
 // Column `number` (1-based) of `tuple`, a row of the last result (of descriptor `desc`).
 // Called without pg_call, once per column of a row: it raises only for a number out of range,
 // which the caller excludes by checking the result's shape first (a pg_call per column would
