@@ -75,7 +75,7 @@ BOUNDARY = {"src/pg.hpp", "src/pg_boundary.hpp", "src/pg_boundary.cpp"}
 NOT_YET_IN_LAYER = {
     "src/arguments.hpp", "src/cleanup.cpp",
     "src/cleanup_call.cpp", "src/cleanup_launcher.cpp", "src/cleanup_shared.cpp",
-    "src/cleanup_statements.cpp", "src/cleanup_throttle.cpp", "src/cleanup_worker.cpp",
+    "src/cleanup_statements.cpp", "src/cleanup_throttle.cpp",
     "src/installation_check.cpp",
     "src/installation_check.hpp", "src/installation_check_schema.cpp",
     "src/installation_check_tables.cpp", "src/key_heap.cpp", "src/key_heap_scan.hpp",
@@ -98,6 +98,7 @@ PG_FRAMES = {
     ("src/result_scan.cpp", "call_function"),  # under ExecCustomScan
     ("src/worker_session.cpp", "prepare_settings"),  # a worker's main, before its C++ objects
     ("src/worker_session.cpp", "undo_database_settings"),  # a worker's main, likewise
+    ("src/cleanup_worker.cpp", "database_main"),  # the database worker's main
 }
 
 # C++ types whose objects have destructors, as a pg_call callable or a pg-frame function would
