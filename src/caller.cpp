@@ -1,8 +1,10 @@
 // Who calls, and the switch to the extension owner (see caller.hpp).
 #include "caller.hpp"
 
-#include "installation_check.hpp"
-#include "pg_boundary.hpp"
+#include "pg/catalog.hpp"
+#include "pg/gucs.hpp"
+#include "pg/installation.hpp"
+#include "pg/memory.hpp"
 
 namespace idem::caller {
 namespace {
@@ -47,11 +49,11 @@ void register_callbacks() {
   static bool registered = false;
   if (registered) return;
   registered = true;
-  CacheRegisterRelcacheCallback(forget_relation, 0);
+  pg::catalog::on_relcache_change(forget_relation);
   for (SyscacheId cache :
        {NAMESPACEOID, AUTHOID, AUTHMEMMEMROLE, PROCOID, TYPEOID, OPEROID, COLLOID, CONVOID, CLAOID,
         OPFAMILYOID, TSCONFIGOID, TSDICTOID, TSPARSEROID, TSTEMPLATEOID, STATEXTOID})
-    CacheRegisterSyscacheCallback(cache, forget_catalog_row, 0);
+    pg::catalog::on_syscache_change(cache, forget_catalog_row);
 }
 
 // The installation in `schema`, checked in full (installation_check.hpp).
@@ -61,7 +63,7 @@ Installation checked(Oid schema) {
   bool safe = false;
   for (uint64 seen = invalidations - 1; seen != invalidations;) {
     seen = invalidations;
-    safe = pg_call([&] { return installation_check::examine(schema, &found, &refusal); });
+    safe = pg::installation::examine(schema, &found, &refusal);
     if (!safe) break;
   }
   if (!safe)
@@ -93,15 +95,14 @@ void require_usage(Oid function, const Installation& installation, Oid role) {
   if (cache.valid && cache.installation.schema == installation.schema)
     for (int i = 0; i < cache.usage_role_count; ++i)
       if (cache.usage_roles[i] == role) return;
-  AclResult verdict = ACLCHECK_NO_PRIV;
+  bool has_usage = false;
   for (uint64 seen = invalidations - 1; seen != invalidations;) {
     seen = invalidations;
-    verdict = pg_call(
-        [&] { return object_acl(NamespaceRelationId, installation.schema, role, ACL_USAGE); });
+    has_usage = pg::catalog::has_schema_usage(installation.schema, role);
   }
-  if (verdict != ACLCHECK_OK) {
-    const char* schema_name = pg_call([&] { return get_namespace_name(installation.schema); });
-    const char* function_name = pg_call([&] { return get_func_name(function); });
+  if (!has_usage) {
+    const char* schema_name = pg::catalog::schema_name(installation.schema);
+    const char* function_name = pg::catalog::function_name(function);
     const std::string schema = schema_name != nullptr ? schema_name : "?";
     const std::string name = function_name != nullptr ? function_name : "?";
     throw Error(ERRCODE_INSUFFICIENT_PRIVILEGE, "permission denied for schema " + schema,
@@ -123,7 +124,7 @@ Installation of_function(Oid function) {
   // Changes committed by other sessions since this transaction last looked (a cheap test
   // when there are none): the next call after an unsafe change refuses, even in a
   // transaction that has all its locks already.
-  pg_call([] { AcceptInvalidationMessages(); });
+  pg::catalog::accept_invalidations();
   const Oid role = GetUserId();
   const Checked& cache = checked_installation;
   if (cache.valid)
@@ -135,7 +136,7 @@ Installation of_function(Oid function) {
         require_usage(function, installation, role);
         return installation;
       }
-  Oid schema = pg_call([&] { return get_func_namespace(function); });
+  Oid schema = pg::catalog::function_schema(function);
   const Installation installation = cached(schema, function);
   require_usage(function, installation, role);
   return installation;
@@ -143,12 +144,7 @@ Installation of_function(Oid function) {
 
 std::optional<Installation> of_database() {
   register_callbacks();
-  Oid schema = pg_call([] {
-    Oid extension = InvalidOid;
-    Oid found = InvalidOid;
-    (void)installation_check::find_extension(&extension, &found);
-    return found;
-  });
+  Oid schema = pg::installation::extension_schema();
   if (!OidIsValid(schema)) return std::nullopt;
   return cached(schema, InvalidOid);
 }
@@ -181,21 +177,11 @@ text* name_of(Oid role) {
   if (role == named_role.role) return named_role.name;
   static bool registered = false;
   if (!registered) {
-    CacheRegisterSyscacheCallback(AUTHOID, forget_role_name, 0);
+    pg::catalog::on_syscache_change(AUTHOID, forget_role_name);
     registered = true;
   }
-  text* name = pg_call([&] {
-    HeapTuple tuple = SearchSysCache1(AUTHOID, ObjectIdGetDatum(role));
-    if (!HeapTupleIsValid(tuple))
-      ereport(ERROR, (errcode(ERRCODE_UNDEFINED_OBJECT), errmsg("role %u does not exist", role)));
-    MemoryContext old = MemoryContextSwitchTo(TopMemoryContext);
-    text* copy =
-        cstring_to_text(NameStr(reinterpret_cast<Form_pg_authid>(GETSTRUCT(tuple))->rolname));
-    MemoryContextSwitchTo(old);
-    ReleaseSysCache(tuple);
-    return copy;
-  });
-  if (named_role.name != nullptr) pg_call([] { pfree(named_role.name); });
+  text* name = pg::catalog::role_name(role, TopMemoryContext);
+  if (named_role.name != nullptr) pg::memory::free(named_role.name);
   named_role = {role, name};
   return name;
 }
@@ -223,11 +209,8 @@ ActingAsOwner::ActingAsOwner(const Installation& installation, SearchPath when) 
 
 void ActingAsOwner::pin_search_path() {
   if (!active_ || guc_nest_level_ != 0) return;
-  guc_nest_level_ = NewGUCNestLevel();  // pg: only increments the nesting counter
-  pg_call([] {
-    (void)set_config_option("search_path", "pg_catalog, pg_temp", PGC_USERSET, PGC_S_SESSION,
-                            GUC_ACTION_SAVE, true, 0, false);
-  });
+  guc_nest_level_ = pg::gucs::new_nest_level();
+  pg::gucs::set_at_nest_level("search_path", "pg_catalog, pg_temp");
 }
 
 ActingAsOwner::~ActingAsOwner() {
@@ -238,7 +221,7 @@ void ActingAsOwner::restore() noexcept {
   if (!active_) return;
   active_ = false;
   // Discards the search_path set above (and anything else set at this nesting level).
-  if (guc_nest_level_ != 0) AtEOXact_GUC(false, guc_nest_level_);
+  if (guc_nest_level_ != 0) pg::gucs::restore_nest_level(guc_nest_level_);
   SetUserIdAndSecContext(saved_user_, saved_context_);
 }
 

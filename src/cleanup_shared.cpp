@@ -47,6 +47,11 @@ void initialize(Shared* state) {
 // its commit, and counts it again at the commit; the launcher learns after it, so a look that
 // ran before the commit is made again.
 bool authid_changed_here = false;  // this transaction changed pg_authid (counted at commit)
+// This transaction ran DROP ROLE or a role's RENAME (utility_hook): at its commit the process
+// moves the role generation itself. The launcher's fingerprint misses a role created and
+// dropped between two of its looks, and the statistics that tell it of such a drop arrive a
+// second or so later: without this, a cleanup right after the commit would not see the drop.
+bool role_vanished_here = false;
 
 // The process that made the change counts it once more at its commit: a look of the launcher
 // between the change and the commit saw the role still there, and covered the first count.
@@ -54,9 +59,13 @@ void count_at_commit(XactEvent event, void*) {
   if (event == XACT_EVENT_COMMIT || event == XACT_EVENT_PARALLEL_COMMIT) {
     if (authid_changed_here && shared != nullptr)
       pg_atomic_fetch_add_u64(&shared->authid_changes, 1);
+    if (role_vanished_here && shared != nullptr)
+      pg_atomic_fetch_add_u64(&shared->role_generation, 1);
     authid_changed_here = false;
+    role_vanished_here = false;
   } else if (event == XACT_EVENT_ABORT || event == XACT_EVENT_PARALLEL_ABORT) {
     authid_changed_here = false;
+    role_vanished_here = false;
   }
 }
 
@@ -128,12 +137,16 @@ void utility_hook(PlannedStmt* statement, const char* query, bool read_only_tree
   Node* tree = statement->utilityStmt;
   const bool ours = IsA(tree, CreateExtensionStmt) &&
                     strcmp(castNode(CreateExtensionStmt, tree)->extname, "idempotency") == 0;
+  const bool role_vanishes =
+      IsA(tree, DropRoleStmt) ||
+      (IsA(tree, RenameStmt) && castNode(RenameStmt, tree)->renameType == OBJECT_ROLE);
   if (previous_utility != nullptr)
     previous_utility(statement, query, read_only_tree, context, params, environment, destination,
                      completion);
   else
     standard_ProcessUtility(statement, query, read_only_tree, context, params, environment,
                             destination, completion);
+  if (role_vanishes) role_vanished_here = true;
   if (!ours) return;
   if (!transaction_callback_registered) {
     RegisterXactCallback(at_transaction_end, nullptr);

@@ -8,9 +8,11 @@
 //     in a loop) starts one. Every process counts the pg_authid changes it learns of (a
 //     syscache callback on AUTHOID); the launcher, which reads the invalidation queue every
 //     round, then compares a keyed fingerprint of pg_authid's (OID, name) pairs with the last
-//     one and bumps the counter only if a pair vanished. A change the launcher has not looked
-//     at yet makes an idempotency_cleanup() call run the pass (role_change_pending()); without
-//     a launcher every cleanup makes the pass;
+//     one and bumps the counter only if a pair vanished; the process that runs DROP ROLE or a
+//     role's RENAME bumps it at its commit too (a ProcessUtility hook), so that a cleanup right
+//     after that commit sees the drop whatever the launcher saw. A change the launcher has not
+//     looked at yet makes an idempotency_cleanup() call run the pass (role_change_pending());
+//     without a launcher every cleanup makes the pass;
 //   - the extension generation: bumped at the commit of every CREATE EXTENSION idempotency
 //     (a ProcessUtility hook), so that the launcher looks again at databases it found
 //     without the extension only when one may have it now;

@@ -17,7 +17,7 @@
 #include "cleanup_shared.hpp"
 #include "cleanup_throttle.hpp"
 #include "gucs.hpp"
-#include "pg_boundary.hpp"
+#include "pg/errors.hpp"
 #include "stats.hpp"
 #include "worker_session.hpp"
 
@@ -37,14 +37,10 @@ constexpr int64 kRoundMicroseconds = 1000 * 1000;
 // the process is not.
 void log_failure(PgError& e) {
   ErrorData* error = e.release();
-  error->elevel = LOG;
-  error->output_to_client = false;
+  char prefix[64];
+  snprintf(prefix, sizeof prefix, "idempotency cleanup of database %u failed", MyDatabaseId);
   try {
-    pg_call([&] {
-      error->message = psprintf("idempotency cleanup of database %u failed: %s", MyDatabaseId,
-                                error->message != nullptr ? error->message : "?");
-      ThrowErrorData(error);
-    });
+    pg::errors::report_at_log(error, prefix);
   } catch (...) {
   }
 }
@@ -52,18 +48,17 @@ void log_failure(PgError& e) {
 // The round's summary at DEBUG1. Called from a noexcept frame with C++ objects alive: a log
 // line at most.
 void log_round(const cleanup::Progress& progress, TimestampTz started) noexcept {
+  char line[512];
+  snprintf(line, sizeof line,
+           "idempotency cleanup of database %u: round of %ld ms, " UINT64_FORMAT
+           " keys deleted, orphan pass %s, peak memory %zu bytes, %d pauses of %ld ms "
+           "in all, %ld ms on CPU since the process started",
+           MyDatabaseId, static_cast<long>((GetCurrentTimestamp() - started) / 1000),
+           progress.deleted, progress.orphan_pass ? "yes" : "no", progress.peak_memory,
+           progress.pauses, static_cast<long>(progress.paused_ms),
+           static_cast<long>(cleanup::Throttle::cpu_now_us() / 1000));
   try {
-    pg_call([&] {
-      ereport(DEBUG1,
-              (errmsg_internal(
-                  "idempotency cleanup of database %u: round of %ld ms, " UINT64_FORMAT
-                  " keys deleted, orphan pass %s, peak memory %zu bytes, %d pauses of %ld ms "
-                  "in all, %ld ms on CPU since the process started",
-                  MyDatabaseId, static_cast<long>((GetCurrentTimestamp() - started) / 1000),
-                  progress.deleted, progress.orphan_pass ? "yes" : "no", progress.peak_memory,
-                  progress.pauses, static_cast<long>(progress.paused_ms),
-                  static_cast<long>(cleanup::Throttle::cpu_now_us() / 1000))));
-    });
+    pg::errors::report(DEBUG1, line);
   } catch (...) {
   }
 }
@@ -95,10 +90,9 @@ cleanup_shared::Outcome run_round() noexcept {
   } catch (const std::exception& e) {
     failure = e.what();
     try {
-      pg_call([&] {
-        ereport(LOG, (errmsg("idempotency cleanup of database %u failed: %s", MyDatabaseId,
-                             failure.c_str())));
-      });
+      std::string line =
+          "idempotency cleanup of database " + std::to_string(MyDatabaseId) + " failed: " + failure;
+      pg::errors::report(LOG, line.c_str());
     } catch (...) {
     }
   }

@@ -39,6 +39,7 @@ bool check_databases(char** newval, void** /*extra*/, GucSource /*source*/) {
 }
 
 // The settings of the cleanup: the worker's rounds, the batches and their throttle.
+// pg-frame: called by define() only, under _PG_init (PostgreSQL's frame); owns no C++ object.
 void define_cleanup() {
   DefineCustomIntVariable("idempotency.cleanup_interval",
                           "Time between two cleanup rounds of the background worker.", nullptr,
@@ -83,6 +84,8 @@ void define_cleanup() {
 
 }  // namespace
 
+// pg-frame: called by _PG_init only (PostgreSQL's frame, where an error ends the load); owns
+// no C++ object.
 void define() {
   // The defaults decide how long another role's keys live when its handler passes no ttl or
   // lease: a database owner's ALTER DATABASE ... SET must not shorten them (a retry two

@@ -2,14 +2,16 @@
 #include "responses.hpp"
 
 #include "gucs.hpp"
+#include "pg/errors.hpp"
+#include "pg/fmgr.hpp"
+#include "pg/jsonb.hpp"
 
 namespace idem::responses {
 namespace {
 
 // Why response headers are refused.
 enum class HeadersProblem { kNone, kNotObject, kName, kValue, kElement, kControl };
-// What check_headers found: trivially destructible, so that it can leave a pg_call. `name`
-// points into the headers' jsonb.
+// What check_headers found. `name` points into the headers' jsonb.
 struct HeadersCheck {
   HeadersProblem problem = HeadersProblem::kNone;
   const char* name = nullptr;
@@ -57,21 +59,21 @@ const char* kind_of(const JsonbValue& value) {
 }
 
 // Walks the headers: a JSON object whose values are strings or arrays of strings. Allocates
-// (the iterators) in the current memory context; call it through pg_call.
-// pg-frame: runs inside pg_call only (owns no C++ object).
+// (the iterators) in the current memory context.
 HeadersCheck check_headers(Jsonb* headers) {
   HeadersCheck check;
   if (!JB_ROOT_IS_OBJECT(headers)) {
     check.problem = HeadersProblem::kNotObject;
     JsonbValue scalar;
-    check.kind = JB_ROOT_IS_SCALAR(headers) && JsonbExtractScalar(&headers->root, &scalar)
+    check.kind = JB_ROOT_IS_SCALAR(headers) && pg::jsonb::scalar(&headers->root, &scalar)
                      ? kind_of(scalar)
                      : "an array";
     return check;
   }
-  JsonbIterator* fields = JsonbIteratorInit(&headers->root);
+  JsonbIterator* fields = pg::jsonb::iterate(&headers->root);
   JsonbValue value;
-  for (JsonbIteratorToken token; (token = JsonbIteratorNext(&fields, &value, true)) != WJB_DONE;) {
+  for (JsonbIteratorToken token;
+       (token = pg::jsonb::next_skipping_nested(&fields, &value)) != WJB_DONE;) {
     if (token == WJB_KEY) {
       check.name = value.val.string.val;
       check.name_length = value.val.string.len;
@@ -85,9 +87,10 @@ HeadersCheck check_headers(Jsonb* headers) {
     if (value.type == jbvString) {
       if (!is_field_value(value)) check.problem = HeadersProblem::kControl;
     } else if (value.type == jbvBinary && JsonContainerIsArray(value.val.binary.data)) {
-      JsonbIterator* elements = JsonbIteratorInit(value.val.binary.data);
+      JsonbIterator* elements = pg::jsonb::iterate(value.val.binary.data);
       JsonbValue element;
-      for (JsonbIteratorToken e; (e = JsonbIteratorNext(&elements, &element, true)) != WJB_DONE;) {
+      for (JsonbIteratorToken e;
+           (e = pg::jsonb::next_skipping_nested(&elements, &element)) != WJB_DONE;) {
         if (e != WJB_ELEM) continue;
         ++check.element;
         if (element.type != jbvString) {
@@ -113,7 +116,7 @@ HeadersCheck check_headers(Jsonb* headers) {
 // A header name for a message: at most 64 bytes of it (whole characters), control
 // characters shown as \xNN.
 std::string shown_name(const HeadersCheck& check) {
-  const int length = pg_call([&] { return pg_mbcliplen(check.name, check.name_length, 64); });
+  const int length = pg::errors::clipped_length(check.name, check.name_length, 64);
   std::string shown;
   for (int i = 0; i < length; ++i) {
     const auto c = static_cast<unsigned char>(check.name[i]);
@@ -130,7 +133,7 @@ std::string shown_name(const HeadersCheck& check) {
 // The headers, refused (22023) unless a JSON object whose values are strings or arrays of
 // strings, with names that are HTTP field names and values without control characters.
 void validate_headers(Jsonb* headers) {
-  const HeadersCheck check = pg_call([&] { return check_headers(headers); });
+  const HeadersCheck check = check_headers(headers);
   const auto invalid = [](const std::string& message, const std::string& detail) {
     return Error(ERRCODE_INVALID_PARAMETER_VALUE, message, detail,
                  "Pass a JSON object of header names and values, a value being a string or an "
@@ -166,7 +169,7 @@ void validate_headers(Jsonb* headers) {
 bool same_jsonb(Jsonb* stored, Jsonb* given) {
   if ((stored == nullptr) != (given == nullptr)) return false;
   if (given == nullptr) return true;
-  return pg_call([&] { return compareJsonbContainers(&stored->root, &given->root) == 0; });
+  return pg::jsonb::equal(&stored->root, &given->root);
 }
 
 }  // namespace
@@ -184,8 +187,7 @@ bool same_response(const key_store::KeyRow& row, const key_store::Outcome& outco
 key_store::Outcome outcome_value(const ResponseArguments& given) {
   const auto size_of = [](const std::optional<Datum>& value) -> size_t {
     if (!value) return 0;
-    const Datum raw = *value;
-    return pg_call([&] { return toast_raw_datum_size(raw); });
+    return pg::fmgr::raw_size(*value);
   };
   const size_t response_size = size_of(given.response);
   const size_t body_size = size_of(given.body);
@@ -200,12 +202,11 @@ key_store::Outcome outcome_value(const ResponseArguments& given) {
                     std::to_string(gucs::max_response_size) + ".");
   key_store::Outcome outcome{};
   outcome.response_code = given.code;
-  if (given.response) outcome.response = pg_call([&] { return DatumGetJsonbP(*given.response); });
+  if (given.response) outcome.response = pg::fmgr::jsonb_value(*given.response);
   if (given.body)
-    outcome.response_body =
-        reinterpret_cast<bytea*>(pg_call([&] { return PG_DETOAST_DATUM_PACKED(*given.body); }));
+    outcome.response_body = reinterpret_cast<bytea*>(pg::fmgr::detoast_packed(*given.body));
   if (given.headers) {
-    outcome.response_headers = pg_call([&] { return DatumGetJsonbP(*given.headers); });
+    outcome.response_headers = pg::fmgr::jsonb_value(*given.headers);
     validate_headers(outcome.response_headers);
   }
   return outcome;

@@ -9,7 +9,8 @@
 // resolves to it (untyped literals match it better) runs it, as whoever calls, and no check
 // of ours ever runs. So the planting itself is refused, whoever granted the privilege that
 // allowed it. Superusers are trusted (and Citus creates its shards there as one).
-#include "pg_boundary.hpp"
+#include "pg/catalog.hpp"
+#include "pg/spi.hpp"
 
 namespace idem::schema_guard {
 namespace {
@@ -19,40 +20,27 @@ Datum sql_guard_schema(FunctionCallInfo fcinfo) {
     throw Error(ERRCODE_E_R_I_E_EVENT_TRIGGER_PROTOCOL_VIOLATED,
                 "idempotency_guard_schema() may only be called by an event trigger");
   // The trigger function lives in the extension's schema.
-  const Oid schema = pg_call([&] { return get_func_namespace(fcinfo->flinfo->fn_oid); });
+  const Oid schema = pg::catalog::function_schema(fcinfo->flinfo->fn_oid);
   // Creating or changing an object in a schema takes CREATE on it (CREATE OR REPLACE,
   // ALTER ... SET SCHEMA and RENAME too); without it, this command touched nothing there.
-  const bool may_create = pg_call([&] {
-    if (superuser()) return false;
-    return object_acl(NamespaceRelationId, schema, GetUserId(), ACL_CREATE) == ACLCHECK_OK;
-  });
+  const bool may_create = !pg::catalog::current_user_is_superuser() &&
+                          pg::catalog::has_schema_privilege(schema, GetUserId(), ACL_CREATE);
   if (!may_create) return PointerGetDatum(nullptr);
   // What the command made, as the event trigger manager collected it (each name qualified:
   // the statement resolves nothing through search_path).
-  const char* touched = pg_call([&] {
-    const char* found = nullptr;
-    if (SPI_connect() != SPI_OK_CONNECT) elog(ERROR, "SPI_connect failed");
-    Oid types[] = {TEXTOID};
-    Datum values[] = {CStringGetTextDatum(get_namespace_name(schema))};
-    int rc = SPI_execute_with_args(
-        "SELECT object_type OPERATOR(pg_catalog.||) ' ' OPERATOR(pg_catalog.||) "
-        "coalesce(object_identity, '?') FROM pg_catalog.pg_event_trigger_ddl_commands()"
-        " WHERE schema_name OPERATOR(pg_catalog.=) $1",
-        1, types, values, nullptr, true, 1);
-    if (rc != SPI_OK_SELECT) elog(ERROR, "could not read the commands of the event trigger");
-    if (SPI_processed > 0 && SPI_tuptable->tupdesc->natts == 1 &&
-        TupleDescAttr(SPI_tuptable->tupdesc, 0)->atttypid == TEXTOID) {
-      char* object = SPI_getvalue(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 1);
-      found = object != nullptr ? MemoryContextStrdup(TopTransactionContext, object) : "?";
-    }
-    SPI_finish();
-    return found;
-  });
+  const char* schema_name = pg::catalog::schema_name(schema);
+  if (!pg::spi::connect()) throw Error(ERRCODE_INTERNAL_ERROR, "SPI_connect failed");
+  const char* touched = pg::spi::first_text(
+      "SELECT object_type OPERATOR(pg_catalog.||) ' ' OPERATOR(pg_catalog.||) "
+      "coalesce(object_identity, '?') FROM pg_catalog.pg_event_trigger_ddl_commands()"
+      " WHERE schema_name OPERATOR(pg_catalog.=) $1",
+      schema_name != nullptr ? schema_name : "", TopTransactionContext,
+      "could not read the commands of the event trigger");
+  pg::spi::finish();
   if (touched != nullptr)
     throw Error(ERRCODE_INSUFFICIENT_PRIVILEGE,
                 std::string("only superusers may create or change objects in schema \"") +
-                    pg_call([&] { return get_namespace_name(schema); }) +
-                    "\" of extension idempotency",
+                    (schema_name != nullptr ? schema_name : "?") + "\" of extension idempotency",
                 std::string("The command made ") + touched + ".",
                 "A look-alike of the extension's functions there would catch other roles' "
                 "calls. REVOKE CREATE ON SCHEMA idempotency from the roles that hold it; see "

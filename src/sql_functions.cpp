@@ -4,6 +4,9 @@
 // protocol as the installation's owner (claim_protocol.hpp), and returns its answer.
 #include "claim_protocol.hpp"
 #include "gucs.hpp"
+#include "pg/spi.hpp"
+#include "pg/srf.hpp"
+#include "pg/types.hpp"
 #include "responses.hpp"
 #include "stats.hpp"
 
@@ -126,14 +129,7 @@ Datum sql_key_policy(FunctionCallInfo fcinfo) {
   for (int i = 0; i < 4; ++i) values[i] = IntervalPGetDatum(&spans[i]);
   values[4] = Int32GetDatum(gucs::max_key_length);
   values[5] = Int32GetDatum(gucs::max_response_size);
-  return pg_call([&] {
-    TupleDesc descriptor = nullptr;
-    if (get_call_result_type(fcinfo, nullptr, &descriptor) != TYPEFUNC_COMPOSITE ||
-        descriptor->natts != kFields)
-      ereport(ERROR, (errcode(ERRCODE_DATATYPE_MISMATCH),
-                      errmsg("key_policy() is declared with other columns than this library's")));
-    return HeapTupleGetDatum(heap_form_tuple(BlessTupleDesc(descriptor), values, nulls));
-  });
+  return pg::types::result_row(fcinfo, kFields, values, nulls, "key_policy()");
 }
 
 // stuck_holders_rows(): the rows of the view stuck_holders, read as the extension owner (the
@@ -141,7 +137,7 @@ Datum sql_key_policy(FunctionCallInfo fcinfo) {
 // the table, so that the table's columns carry no view's dependency. Counts and ages only.
 Datum sql_stuck_holders_rows(FunctionCallInfo fcinfo) {
   (void)calling("stuck_holders_rows");
-  pg_call([&] { InitMaterializedSRF(fcinfo, 0); });
+  pg::srf::materialize(fcinfo);
   auto* rsinfo = reinterpret_cast<ReturnSetInfo*>(fcinfo->resultinfo);
   const std::optional<caller::Installation> installation = caller::of_database();
   if (!installation) return static_cast<Datum>(0);
@@ -155,24 +151,10 @@ Datum sql_stuck_holders_rows(FunctionCallInfo fcinfo) {
       key_store::qualified_name(installation->table) +
       " k WHERE k.status OPERATOR(pg_catalog.=) 'processing' AND k.lease_token IS NOT NULL"
       " AND k.expires_at OPERATOR(pg_catalog.>) pg_catalog.now() GROUP BY k.owner, k.scope";
-  pg_call([&] {
-    MemoryContext caller_context = CurrentMemoryContext;
-    if (SPI_connect() != SPI_OK_CONNECT) elog(ERROR, "SPI_connect failed");
-    const int rc = SPI_execute(sql.c_str(), true, 0);
-    TupleDesc declared = rsinfo->setDesc;
-    bool shaped = rc == SPI_OK_SELECT && SPI_tuptable->tupdesc->natts == declared->natts;
-    for (int i = 0; shaped && i < declared->natts; ++i)
-      shaped =
-          TupleDescAttr(SPI_tuptable->tupdesc, i)->atttypid == TupleDescAttr(declared, i)->atttypid;
-    if (!shaped)
-      ereport(ERROR, (errcode(ERRCODE_DATATYPE_MISMATCH),
-                      errmsg("stuck_holders_rows() is declared with other columns than this "
-                             "library's")));
-    for (uint64 i = 0; i < SPI_processed; ++i)
-      tuplestore_puttuple(rsinfo->setResult, SPI_tuptable->vals[i]);
-    SPI_finish();
-    MemoryContextSwitchTo(caller_context);
-  });
+  if (!pg::spi::connect())
+    throw Error(ERRCODE_INTERNAL_ERROR, "SPI_connect failed in stuck_holders_rows()");
+  pg::spi::rows_into_result(sql.c_str(), rsinfo, "stuck_holders_rows()");
+  pg::spi::finish();
   return static_cast<Datum>(0);
 }
 

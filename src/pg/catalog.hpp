@@ -31,4 +31,60 @@ inline void on_syscache_change(int cache, SyscacheCallbackFunction callback) {
   pg_call([&] { CacheRegisterSyscacheCallback(cache, callback, 0); });
 }
 
+// Registers `callback` for relcache invalidations. Raises when too many callbacks are
+// registered. Allocates nothing (a static array).
+inline void on_relcache_change(RelcacheCallbackFunction callback) {
+  pg_call([&] { CacheRegisterRelcacheCallback(callback, 0); });
+}
+// Processes the invalidation messages other sessions committed since this transaction last
+// looked (a cheap test when there are none). Raises (a callback's error, out of memory).
+inline void accept_invalidations() {
+  pg_call([] { AcceptInvalidationMessages(); });
+}
+// The schema of the function `function`, InvalidOid when there is none. Raises (a syscache
+// failure). Allocates nothing.
+inline Oid function_schema(Oid function) {
+  return pg_call([&] { return get_func_namespace(function); });
+}
+// The name of the function `function`, nullptr when there is none. Raises (a syscache
+// failure). Allocates the name in the current memory context.
+inline const char* function_name(Oid function) {
+  return pg_call([&] { return static_cast<const char*>(get_func_name(function)); });
+}
+// The name of the schema `schema`, nullptr when there is none. Raises (a syscache failure).
+// Allocates the name in the current memory context.
+inline const char* schema_name(Oid schema) {
+  return pg_call([&] { return static_cast<const char*>(get_namespace_name(schema)); });
+}
+// Does `role` have `privilege` (ACL_USAGE, ACL_CREATE) on `schema`, directly or through a
+// membership? Raises (42704 for a schema dropped meanwhile, a syscache failure). Allocates
+// nothing that outlives the call.
+inline bool has_schema_privilege(Oid schema, Oid role, AclMode privilege) {
+  return pg_call([&] { return object_acl(NamespaceRelationId, schema, role, privilege); }) ==
+         ACLCHECK_OK;
+}
+// Does `role` have USAGE on `schema` (has_schema_privilege)?
+inline bool has_schema_usage(Oid schema, Oid role) {
+  return has_schema_privilege(schema, role, ACL_USAGE);
+}
+// Is the current user a superuser? Raises (a syscache failure). Allocates nothing.
+inline bool current_user_is_superuser() {
+  return pg_call([] { return superuser(); });
+}
+// The name of `role` as a text in `context`. Raises 42704 when there is no such role (a
+// syscache failure, out of memory). Allocates the text in `context`.
+inline text* role_name(Oid role, MemoryContext context) {
+  return pg_call([&] {
+    HeapTuple tuple = SearchSysCache1(AUTHOID, ObjectIdGetDatum(role));
+    if (!HeapTupleIsValid(tuple))
+      ereport(ERROR, (errcode(ERRCODE_UNDEFINED_OBJECT), errmsg("role %u does not exist", role)));
+    MemoryContext old = MemoryContextSwitchTo(context);
+    text* copy =
+        cstring_to_text(NameStr(reinterpret_cast<Form_pg_authid>(GETSTRUCT(tuple))->rolname));
+    MemoryContextSwitchTo(old);
+    ReleaseSysCache(tuple);
+    return copy;
+  });
+}
+
 }  // namespace idem::pg::catalog

@@ -18,4 +18,28 @@ inline const char* timestamp_text(TimestampTz time) {
   return pg_call([&] { return timestamptz_to_str(time); });
 }
 
+// How many bytes of the `length` bytes at `string` (in the database encoding) fit in `limit`
+// bytes without cutting a character. Raises (an invalid multibyte sequence). Allocates
+// nothing.
+inline int clipped_length(const char* string, int length, int limit) {
+  return pg_call([&] { return pg_mbcliplen(string, length, limit); });
+}
+
+// Reports `message` at `level` (LOG, DEBUG1, ...: never ERROR or above) to the server log.
+// Raises (out of memory). Allocates in ErrorContext, which the report empties.
+inline void report(int level, const char* message) {
+  pg_call([&] { ereport(level, (errmsg_internal("%s", message))); });
+}
+// Reports the caught `error` at LOG, to the server log only, its message prefixed with
+// `prefix` and ": ", keeping its SQLSTATE, detail and hint. Raises (out of memory). Allocates
+// the new message in the current memory context.
+inline void report_at_log(ErrorData* error, const char* prefix) {
+  error->elevel = LOG;
+  error->output_to_client = false;
+  pg_call([&] {
+    error->message = psprintf("%s: %s", prefix, error->message != nullptr ? error->message : "?");
+    ThrowErrorData(error);
+  });
+}
+
 }  // namespace idem::pg::errors

@@ -22,6 +22,11 @@ inline text* text_value(Datum value) {
 inline Jsonb* jsonb_argument(FunctionCallInfo fcinfo) {
   return pg_call([&] { return PG_GETARG_JSONB_P(0); });
 }
+// `value` (a jsonb) detoasted. Raises (out of memory, a toast read error). Allocates a
+// detoasted copy in the current memory context.
+inline Jsonb* jsonb_value(Datum value) {
+  return pg_call([&] { return DatumGetJsonbP(value); });
+}
 // The size of `value` once detoasted, header included, without detoasting it. Raises (a toast
 // read error). Allocates nothing.
 inline size_t raw_size(Datum value) {

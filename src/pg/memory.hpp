@@ -17,6 +17,10 @@ inline MemoryContext new_context(MemoryContext parent, const char* name) {
   return pg_call(
       [&] { return AllocSetContextCreateInternal(parent, name, ALLOCSET_DEFAULT_SIZES); });
 }
+// Frees `pointer` (allocated by palloc). Raises (a corrupt chunk header). Allocates nothing.
+inline void free(void* pointer) {
+  pg_call([&] { pfree(pointer); });
+}
 // Empties `context` (keeps it). Raises not: a reset frees blocks and allocates nothing.
 // pg-frame: a reset cannot raise; called without pg_call once per batch element.
 inline void reset(MemoryContext context) {

@@ -49,4 +49,19 @@ inline Datum composite(Oid type, int fields, Datum* values, bool* nulls, const c
   });
 }
 
+// This call's result row from `values` / `nulls`, which must have `fields` fields: raises
+// 42804 otherwise, naming `function` (declared with other columns than this library's).
+// Raises (out of memory). Allocates the tuple in the current memory context.
+inline Datum result_row(FunctionCallInfo fcinfo, int fields, Datum* values, bool* nulls,
+                        const char* function) {
+  return pg_call([&] {
+    TupleDesc descriptor = nullptr;
+    if (get_call_result_type(fcinfo, nullptr, &descriptor) != TYPEFUNC_COMPOSITE ||
+        descriptor->natts != fields)
+      ereport(ERROR, (errcode(ERRCODE_DATATYPE_MISMATCH),
+                      errmsg("%s is declared with other columns than this library's", function)));
+    return HeapTupleGetDatum(heap_form_tuple(BlessTupleDesc(descriptor), values, nulls));
+  });
+}
+
 }  // namespace idem::pg::types
