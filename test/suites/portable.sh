@@ -38,9 +38,18 @@ bash "$GEN" psql 1.2.0 >"$DIR/v1.2.0.sql"
 bash "$GEN" psql 1.3.0 >"$DIR/v1.3.0.sql"
 chmod 644 "$DIR"/*.sql
 
-# pg_cron must be preloaded, and names the database its jobs run in.
-cluster_start "$DIR/server" "" "shared_preload_libraries = 'pg_cron'" "cron.database_name = 'shop'" "cron.host = '$DIR/server'" ||
-  { echo "0 passed, 1 failed"; exit 1; }
+# pg_cron must be preloaded, and names the database its jobs run in. A server built from
+# source (the version matrix) may have no pg_cron (Debian's postgresql-NN-cron is for Debian's
+# servers): part 4 is skipped there, and says so.
+CRON=1
+[[ -e $("$IDEM_PG_CONFIG" --pkglibdir)/pg_cron.so ]] || CRON=0
+if ((CRON)); then
+  cluster_start "$DIR/server" "" "shared_preload_libraries = 'pg_cron'" "cron.database_name = 'shop'" "cron.host = '$DIR/server'" ||
+    { echo "0 passed, 1 failed"; exit 1; }
+else
+  echo "# pg_cron is not installed for $("$IDEM_PG_CONFIG" --version): the cleanup by pg_cron (part 4) is skipped"
+  cluster_start "$DIR/server" "" || { echo "0 passed, 1 failed"; exit 1; }
+fi
 
 q -c "CREATE ROLE shop_owner LOGIN" -c "CREATE ROLE app_a LOGIN" -c "CREATE ROLE app_b LOGIN" \
   -c "CREATE DATABASE shop OWNER shop_owner" >/dev/null
@@ -199,20 +208,22 @@ expect "request_fingerprint(jsonb) hashes the reference stream (fingerprint_stre
   "$(q -d shop -c "SELECT count(*) FILTER (WHERE idempotency.request_fingerprint(v) <> sha256(idempotency.fingerprint_stream(v, true))) || ' ' || count(*) FROM (VALUES ('null'::jsonb), ('true'), ('false'), ('1.50'), ('\"x\"'), ('{}'), ('[]'), ('[[], {}, [[]]]'), ('{\"b\": [1, \"x\", null, true], \"a\": 1.50}'), ('{\"z\": {\"y\": {\"x\": [1, {\"w\": \"\u00e9\"}]}}, \"\": 0}'), ('[1, [2, [3, [4]]], {\"k\": [false, -0.0, 1e3]}]')) t(v)")" "0 11"
 
 # --- 4. cleanup by pg_cron (the block of portable/README.md) ---------------------------------
-q -d shop -c "CREATE EXTENSION pg_cron" -c "GRANT USAGE ON SCHEMA cron TO shop_owner" >/dev/null
-q -U app_a -d shop -c "SELECT idempotency.claim_key('expiring', ttl => '1 second', lease => '1 second')" >/dev/null
-q -U shop_owner -d shop -c "SELECT cron.schedule('idempotency-cleanup', '* * * * *', 'CALL idempotency.cleanup_in_batches()')" >/dev/null
-# pg_cron 1.4 runs a job at the start of a minute: wait for its first run (at most 130 s).
-ran=""
-for _ in $(seq 1 130); do
-  ran="$(q -d shop -c "SELECT status FROM cron.job_run_details ORDER BY runid DESC LIMIT 1")"
-  [[ $ran == succeeded || $ran == failed ]] && break
-  sleep 1
-done
-expect "the cron job ran as the installing role and succeeded" "$ran" "succeeded"
-expect "it deleted the expired key and kept the live ones" \
-  "$(q -d shop -c "SELECT count(*) FILTER (WHERE key = 'expiring') || ' ' || count(*) FROM idempotency.idempotency_keys")" "0 2"
-q -d shop -c "SELECT cron.unschedule('idempotency-cleanup')" >/dev/null
+if ((CRON)); then
+  q -d shop -c "CREATE EXTENSION pg_cron" -c "GRANT USAGE ON SCHEMA cron TO shop_owner" >/dev/null
+  q -U app_a -d shop -c "SELECT idempotency.claim_key('expiring', ttl => '1 second', lease => '1 second')" >/dev/null
+  q -U shop_owner -d shop -c "SELECT cron.schedule('idempotency-cleanup', '* * * * *', 'CALL idempotency.cleanup_in_batches()')" >/dev/null
+  # pg_cron 1.4 runs a job at the start of a minute: wait for its first run (at most 130 s).
+  ran=""
+  for _ in $(seq 1 130); do
+    ran="$(q -d shop -c "SELECT status FROM cron.job_run_details ORDER BY runid DESC LIMIT 1")"
+    [[ $ran == succeeded || $ran == failed ]] && break
+    sleep 1
+  done
+  expect "the cron job ran as the installing role and succeeded" "$ran" "succeeded"
+  expect "it deleted the expired key and kept the live ones" \
+    "$(q -d shop -c "SELECT count(*) FILTER (WHERE key = 'expiring') || ' ' || count(*) FROM idempotency.idempotency_keys")" "0 2"
+  q -d shop -c "SELECT cron.unschedule('idempotency-cleanup')" >/dev/null
+fi
 
 cluster_stop "$DIR/server"
 echo "$PASSED passed, $FAILED failed"
