@@ -48,7 +48,9 @@ if ((CRON)); then
     { echo "0 passed, 1 failed"; exit 1; }
 else
   echo "# pg_cron is not installed for $("$IDEM_PG_CONFIG" --version): the cleanup by pg_cron (part 4) is skipped"
-  cluster_start "$DIR/server" "" || { echo "0 passed, 1 failed"; exit 1; }
+  # Nothing preloaded: this edition's server has no C++ library loaded (cluster_start's
+  # default preloads it).
+  cluster_start "$DIR/server" "" "shared_preload_libraries = ''" || { echo "0 passed, 1 failed"; exit 1; }
 fi
 
 q -c "CREATE ROLE shop_owner LOGIN" -c "CREATE ROLE app_a LOGIN" -c "CREATE ROLE app_b LOGIN" \
