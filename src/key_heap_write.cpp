@@ -80,7 +80,15 @@ bool insert_index_entries(Relation table, const OpenTable& open, Datum* values, 
     Datum key_values[INDEX_MAX_KEYS];
     bool key_nulls[INDEX_MAX_KEYS];
     uint64 columns = 0;
-    for (int k = 0; k < info->ii_NumIndexAttrs; ++k) {
+    if (key_layout::current().on_expiry_bucket[i]) {
+      // The expiry index of 16+ (key_layout.hpp): the one expression the layout allows.
+      const int expires_at = key_layout::current().attnum[kExpiresAt] - 1;
+      key_values[0] = TimestampTzGetDatum(
+          key_layout::expiry_bucket(DatumGetTimestampTz(values[expires_at])));
+      key_nulls[0] = nulls[expires_at];
+      columns = uint64{1} << expires_at;
+    }
+    for (int k = 0; k < info->ii_NumIndexAttrs && info->ii_IndexAttrNumbers[k] != 0; ++k) {
       AttrNumber attnum = info->ii_IndexAttrNumbers[k];
       key_values[k] = values[attnum - 1];
       key_nulls[k] = nulls[attnum - 1];

@@ -47,6 +47,13 @@ bool is_our_primary_key(Relation index, const Layout& l) {
          index->rd_indcollation[2] == C_COLLATION_OID;
 }
 
+// Is `info` an index over expiry_bucket(expires_at), and nothing else?
+// pg-frame: runs inside pg_call only (owns no C++ object).
+bool is_expiry_bucket_index(const IndexInfo* info, const Layout& l) {
+  return info->ii_NumIndexAttrs == 1 && info->ii_IndexAttrNumbers[0] == 0 &&
+         is_expiry_bucket_key(info->ii_Expressions, l.attnum[kExpiresAt]);
+}
+
 // The first reason that applies is the one a layout keeps.
 void needs(Layout& l, route::ExecutorReason reason) {
   if (l.executor_reason == route::ExecutorReason::kNone) l.executor_reason = reason;
@@ -107,8 +114,11 @@ LayoutCheck read_indexes(Relation table, Layout& l) {
       MemoryContextSwitchTo(old);
       // Plain B-Tree and BRIN indexes only: other access methods keep per-index state across
       // inserts (ii_AmCache) that the executor cleans up; key_heap_write.cpp does it for BRIN.
+      // Of expressions, only expiry_bucket(expires_at), which key_heap_write.cpp computes.
+      l.on_expiry_bucket[l.index_count] = is_expiry_bucket_index(info, l);
       if ((index->rd_rel->relam != BTREE_AM_OID && index->rd_rel->relam != BRIN_AM_OID) ||
-          info->ii_Expressions != NIL || info->ii_Predicate != NIL ||
+          (info->ii_Expressions != NIL && !l.on_expiry_bucket[l.index_count]) ||
+          info->ii_Predicate != NIL ||
           info->ii_ExclusionOps != nullptr ||
           (index->rd_index->indisunique && !index->rd_index->indimmediate))
         needs(l, route::ExecutorReason::kIndexKind);
@@ -217,6 +227,12 @@ const Layout& current() {
   return layout;
 }
 
+namespace {
+Datum sql_expiry_bucket(FunctionCallInfo fcinfo) {
+  PG_RETURN_TIMESTAMPTZ(expiry_bucket(PG_GETARG_TIMESTAMPTZ(0)));
+}
+}  // namespace
+
 // A KeyRow from the columns of a row of the table, copied into `context`.
 key_store::KeyRow decode_values(const Datum* values, const bool* nulls, MemoryContext context) {
   auto column = [&](int number, bool* is_null) {
@@ -233,6 +249,24 @@ key_store::KeyRow decode_values(const Datum* values, const bool* nulls, MemoryCo
 void on_load() {
   CacheRegisterRelcacheCallback(forget_layout, 0);
   CacheRegisterSyscacheCallback(ENUMOID, forget_labels, 0);
+}
+
+}  // namespace idem::key_layout
+
+IDEM_SQL_FUNCTION(expiry_bucket, idem::key_layout::sql_expiry_bucket)
+
+namespace idem::key_layout {
+
+bool is_expiry_bucket_key(const List* expressions, AttrNumber expires_at) {
+  if (list_length(expressions) != 1 || !IsA(linitial(expressions), FuncExpr)) return false;
+  const FuncExpr* call = castNode(FuncExpr, linitial(expressions));
+  if (list_length(call->args) != 1 || !IsA(linitial(call->args), Var) ||
+      castNode(Var, linitial(call->args))->varattno != expires_at ||
+      call->funcresulttype != TIMESTAMPTZOID)
+    return false;
+  FmgrInfo function;
+  fmgr_info(call->funcid, &function);
+  return function.fn_addr == &::expiry_bucket;
 }
 
 }  // namespace idem::key_layout
