@@ -73,6 +73,17 @@ key_store::KeyRow decode_values(const Datum* values, const bool* nulls, MemoryCo
 // 55000 for a table made by 1.2 (no owner_oid, owner_system), raised the same ways.
 [[noreturn]] void reject_unstamped_table();
 
+// The BRIN insert states of the layout's indexes (ii_AmCache) are kept from one direct write to
+// the next within a transaction, as the executor keeps them for a statement: building one
+// (the BRIN's descriptor; on 17+ the range map's metapage pinned) costs about as much as the
+// insert itself. They live in insert_states_context(), their buffer pins held by the
+// transaction's top resource owner (a subtransaction's end must not release them), and are
+// released when the transaction ends and whenever the layout is forgotten (a relcache entry
+// they point to may go). Call insert_states_kept() after an insert that may have built one.
+// pg-frame: runs inside pg_call only (owns no C++ object).
+MemoryContext insert_states_context();
+void insert_states_kept();
+
 // Registers the callbacks that forget the cached layout; called from _PG_init.
 void on_load();
 
