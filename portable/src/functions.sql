@@ -593,7 +593,7 @@ BEGIN
               lease_token, locked_until, status, updated_at, owner_oid, owner_system)
       SELECT me, sc, k, fp, 1, v_ttl, v_lease, now_ts, greatest(now_ts + v_ttl, now_ts + v_lease),
              idempotency.uuid_v7_at(now_ts), now_ts + v_lease, 'processing', now_ts,
-             quote_ident(me)::regrole::oid, (SELECT c.system_identifier FROM pg_control_system() c)
+             quote_ident(me)::regrole::oid, idempotency.system_identifier()
         FROM idempotency.role_secrets s
        WHERE s.owner = me AND pg_try_advisory_xact_lock(idempotency.lock_tag_of(s.secret, me, sc, k))
       ON CONFLICT (key, scope, owner) DO NOTHING
@@ -610,7 +610,7 @@ BEGIN
     IF found_row AND r.owner_oid IS NOT NULL AND r.owner_system IS NOT NULL THEN
       me_oid := coalesce(me_oid, quote_ident(me)::regrole::oid);
       IF r.owner_oid <> me_oid THEN
-        here := coalesce(here, (pg_control_system()).system_identifier);
+        here := coalesce(here, idempotency.system_identifier());
         foreign_row := r.owner_system = here;
       END IF;
     END IF;
@@ -671,7 +671,7 @@ BEGIN
 
     tok := idempotency.uuid_v7_at(now_ts);
     me_oid := coalesce(me_oid, quote_ident(me)::regrole::oid);
-    here := coalesce(here, (pg_control_system()).system_identifier);
+    here := coalesce(here, idempotency.system_identifier());
     until := now_ts + v_lease;
     expiry := greatest(now_ts + v_ttl, until);
     IF NOT found_row THEN
@@ -750,7 +750,7 @@ DECLARE
   issued timestamptz;
   current_at timestamptz;
   me_oid oid := quote_ident(current_user)::regrole::oid;
-  here int8 := (pg_control_system()).system_identifier;
+  here int8 := idempotency.system_identifier();
 BEGIN
   SELECT * INTO r FROM idempotency.idempotency_keys t
    WHERE t.key = key AND t.scope = scope AND t.owner = current_user AND (t.owner_oid IS NULL OR t.owner_system IS NULL OR t.owner_oid = me_oid OR t.owner_system <> here);
@@ -905,9 +905,9 @@ DECLARE
   code int4 := complete_key.response_code;
   body bytea := complete_key.response_body;
   headers jsonb := complete_key.response_headers;
-  size_response int8 := idempotency.jsonb_raw_size(complete_key.response);
-  size_body int8 := coalesce(octet_length(complete_key.response_body) + 4, 0);
-  size_headers int8 := idempotency.jsonb_raw_size(complete_key.response_headers);
+  size_response int8;
+  size_body int8;
+  size_headers int8;
   limit_bytes int8;
   now_ts timestamptz;
   r idempotency.idempotency_keys;
@@ -918,32 +918,49 @@ BEGIN
     RAISE EXCEPTION 'permission denied for schema idempotency' USING ERRCODE = '42501',
       DETAIL = 'Calls reached by OID (a BEGIN ATOMIC body, a view, a kept plan) are checked too.';
   END IF;
-  PERFORM idempotency.check_name(k, sc);
-  PERFORM idempotency.check_token(tok);
-  limit_bytes := idempotency.setting_value('max_response_size', 1048576, 1, 536870911, 'B');
-  IF size_response + size_body + size_headers > limit_bytes THEN
-    RAISE EXCEPTION 'response is too large' USING ERRCODE = '54000',
-      DETAIL = format('The response has %s bytes (response %s, response_body %s, response_headers %s); idempotency.max_response_size is %s.',
-                      size_response + size_body + size_headers, size_response, size_body, size_headers, limit_bytes);
-  END IF;
-  IF headers IS NOT NULL THEN
-    PERFORM idempotency.check_headers(headers);
-  END IF;
-  -- The response's own time (a tombstone after it): positive, at most idempotency.max_ttl.
-  IF complete_key.response_ttl IS NOT NULL THEN
-    keep := idempotency.as_span(complete_key.response_ttl, 'response_ttl');
-    IF keep <= interval '0' THEN
-      RAISE EXCEPTION 'response_ttl must be positive' USING ERRCODE = '22023',
-        HINT = 'Pass NULL to keep the response as long as the key.';
+  -- The usual call (no setting of this edition set, key and scope within the default limit, a
+  -- token, no headers, no response_ttl, a response and body within the default size even
+  -- counted as the helpers count them) is checked in one expression, as claim_key's usual
+  -- call is (1.3.2): jsonb_raw_size rebuilds a small value to count its 4-byte header, and an
+  -- uncompressed value counts at most 4 bytes more than pg_column_size says. Any other call
+  -- goes through the helpers, which say what is wrong (the same SQLSTATEs).
+  IF (k <> '' AND octet_length(k) <= 255 AND octet_length(sc) <= 255 AND tok IS NOT NULL
+      AND headers IS NULL AND complete_key.response_ttl IS NULL
+      AND pg_column_compression(complete_key.response) IS NULL
+      AND coalesce(pg_column_size(complete_key.response) + 4, 0)
+          + coalesce(octet_length(complete_key.response_body) + 4, 0) <= 1048576
+      AND concat(current_setting('idempotency.max_key_length', true),
+                 current_setting('idempotency.max_response_size', true)) = '') IS NOT TRUE THEN
+    PERFORM idempotency.check_name(k, sc);
+    PERFORM idempotency.check_token(tok);
+    size_response := idempotency.jsonb_raw_size(complete_key.response);
+    size_body := coalesce(octet_length(complete_key.response_body) + 4, 0);
+    size_headers := idempotency.jsonb_raw_size(complete_key.response_headers);
+    limit_bytes := idempotency.setting_value('max_response_size', 1048576, 1, 536870911, 'B');
+    IF size_response + size_body + size_headers > limit_bytes THEN
+      RAISE EXCEPTION 'response is too large' USING ERRCODE = '54000',
+        DETAIL = format('The response has %s bytes (response %s, response_body %s, response_headers %s); idempotency.max_response_size is %s.',
+                        size_response + size_body + size_headers, size_response, size_body, size_headers, limit_bytes);
     END IF;
-    longest := idempotency.setting_value('max_ttl', 2592000, 1, 2147483647, 's');
-    IF keep > longest * interval '1 second' THEN
-      RAISE EXCEPTION 'response_ttl exceeds idempotency.max_ttl' USING ERRCODE = '22023',
-        DETAIL = format('idempotency.max_ttl is %s s.', longest);
+    IF headers IS NOT NULL THEN
+      PERFORM idempotency.check_headers(headers);
+    END IF;
+    -- The response's own time (a tombstone after it): positive, at most idempotency.max_ttl.
+    IF complete_key.response_ttl IS NOT NULL THEN
+      keep := idempotency.as_span(complete_key.response_ttl, 'response_ttl');
+      IF keep <= interval '0' THEN
+        RAISE EXCEPTION 'response_ttl must be positive' USING ERRCODE = '22023',
+          HINT = 'Pass NULL to keep the response as long as the key.';
+      END IF;
+      longest := idempotency.setting_value('max_ttl', 2592000, 1, 2147483647, 's');
+      IF keep > longest * interval '1 second' THEN
+        RAISE EXCEPTION 'response_ttl exceeds idempotency.max_ttl' USING ERRCODE = '22023',
+          DETAIL = format('idempotency.max_ttl is %s s.', longest);
+      END IF;
     END IF;
   END IF;
   me_oid := quote_ident(me)::regrole::oid;
-  here := (pg_control_system()).system_identifier;
+  here := idempotency.system_identifier();
   now_ts := clock_timestamp();
   UPDATE idempotency.idempotency_keys t
      SET status = 'completed', response_code = code, updated_at = now_ts, response = resp,
@@ -998,7 +1015,7 @@ BEGIN
   PERFORM idempotency.check_name(k, sc);
   PERFORM idempotency.check_token(tok);
   me_oid := quote_ident(current_user)::regrole::oid;
-  here := (pg_control_system()).system_identifier;
+  here := idempotency.system_identifier();
   now_ts := clock_timestamp();
   UPDATE idempotency.idempotency_keys t
      SET lease_token = NULL, locked_until = NULL, updated_at = now_ts, owner_oid = me_oid, owner_system = here
@@ -1051,7 +1068,7 @@ BEGIN
     v_lease := idempotency.checked_interval(checkpoint_key.lease, 'lease');
   END IF;
   me_oid := quote_ident(current_user)::regrole::oid;
-  here := (pg_control_system()).system_identifier;
+  here := idempotency.system_identifier();
   now_ts := clock_timestamp();
   IF v_lease IS NULL THEN
     SELECT t.lease INTO v_lease FROM idempotency.idempotency_keys t
@@ -1164,7 +1181,7 @@ BEGIN
     PERFORM idempotency.check_size(octet_length(fp), 'fingerprint', 'max_fingerprint_size', 64, 1024);
   END IF;
   me_oid := quote_ident(me)::regrole::oid;
-  here := (pg_control_system()).system_identifier;
+  here := idempotency.system_identifier();
   now_ts := clock_timestamp();
   -- A row of the caller's name stamped here by another role (an earlier role of this name) is
   -- absent for the caller, as for claim_key.
@@ -1260,7 +1277,7 @@ BEGIN
   -- A row of an earlier role of the caller's name is no key of the caller's.
   IF r.owner_oid IS NOT NULL AND r.owner_system IS NOT NULL
      AND r.owner_oid <> quote_ident(me)::regrole::oid
-     AND r.owner_system = (pg_control_system()).system_identifier THEN
+     AND r.owner_system = idempotency.system_identifier() THEN
     RETURN false;
   END IF;
   expired := r.expires_at <= now_ts;
