@@ -905,6 +905,7 @@ DECLARE
   code int4 := complete_key.response_code;
   body bytea := complete_key.response_body;
   headers jsonb := complete_key.response_headers;
+  kept boolean;
   size_response int8;
   size_body int8;
   size_headers int8;
@@ -982,7 +983,13 @@ BEGIN
         USING ERRCODE = '55000';
     END IF;
   END IF;
-  RETURN idempotency.stored_answer('replay', r);
+  -- stored_answer('replay', r), written out (1.3.2): a PL/pgSQL function's call is set up again
+  -- in every transaction, and a completion is often its transaction's last call.
+  kept := r.response_expires_at IS NULL OR r.response_expires_at > clock_timestamp();
+  RETURN ROW('replay', NULL, CASE WHEN kept THEN r.response END, r.response_code, r.fingerprint,
+             r.recovery_point, r.attempts, r.created_at, r.expires_at, NULL,
+             CASE WHEN kept THEN r.response_body END, CASE WHEN kept THEN r.response_headers END,
+             NOT kept)::idempotency.claim_result;
 END
 $$;
 COMMENT ON FUNCTION idempotency.complete_key(text, uuid, jsonb, integer, text, bytea, jsonb, interval) IS
