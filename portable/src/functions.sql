@@ -928,8 +928,8 @@ BEGIN
   IF (k <> '' AND octet_length(k) <= 255 AND octet_length(sc) <= 255 AND tok IS NOT NULL
       AND headers IS NULL AND complete_key_checked.response_ttl IS NULL
       AND pg_column_compression(complete_key_checked.response) IS NULL
-      AND coalesce(pg_column_size(complete_key_checked.response) + 4, 0)
-          + coalesce(octet_length(complete_key_checked.response_body) + 4, 0) <= 1048576
+      AND coalesce(pg_column_size(complete_key_checked.response)::int8 + 4, 0)
+          + coalesce(octet_length(complete_key_checked.response_body)::int8 + 4, 0) <= 1048576
       AND concat(current_setting('idempotency.max_key_length', true),
                  current_setting('idempotency.max_response_size', true)) = '') IS NOT TRUE THEN
     PERFORM idempotency.check_name(k, sc);
@@ -1035,8 +1035,8 @@ BEGIN
       AND complete_key.token IS NOT NULL
       AND complete_key.response_headers IS NULL AND complete_key.response_ttl IS NULL
       AND pg_catalog.pg_column_compression(complete_key.response) IS NULL
-      AND COALESCE(pg_catalog.pg_column_size(complete_key.response) OPERATOR(pg_catalog.+) 4, 0)
-          OPERATOR(pg_catalog.+) COALESCE(pg_catalog.octet_length(complete_key.response_body) OPERATOR(pg_catalog.+) 4, 0)
+      AND COALESCE(pg_catalog.pg_column_size(complete_key.response)::pg_catalog.int8 OPERATOR(pg_catalog.+) 4, 0)
+          OPERATOR(pg_catalog.+) COALESCE(pg_catalog.octet_length(complete_key.response_body)::pg_catalog.int8 OPERATOR(pg_catalog.+) 4, 0)
           OPERATOR(pg_catalog.<=) 1048576
       AND pg_catalog.concat(pg_catalog.current_setting('idempotency.max_key_length', true),
                             pg_catalog.current_setting('idempotency.max_response_size', true))
