@@ -2,7 +2,7 @@
 -- same names, argument names, types and defaults, in PL/pgSQL. Every function runs as its
 -- caller (SECURITY INVOKER): a key belongs to current_user, and the table's row-level security
 -- (base.sql) holds a role to its own rows whatever it runs. The public functions pin
--- search_path; the internal ones ("Internal:" in their comments) run under the pin of the
+-- search_path (but complete_key, from 1.3.2: see there); the internal ones ("Internal:" in their comments) run under the pin of the
 -- public function that calls them (a switch of search_path per call would cost each of them
 -- the recomputation of the path and of its cached plans' check).
 -- CREATE OR REPLACE throughout: the one-file install runs this file again on every update.
@@ -502,7 +502,7 @@ $$;
 COMMENT ON FUNCTION idempotency.stored_answer(idempotency.claim_status, idempotency.idempotency_keys) IS
   'Internal: the claim_result of a replay, a mismatch (or a look''s in_progress and reclaimed), read from the stored row.';
 
-CREATE OR REPLACE FUNCTION idempotency.claim_key(
+CREATE OR REPLACE FUNCTION idempotency.claim_key_checked(
   key         pg_catalog.text,
   fingerprint pg_catalog.bytea    DEFAULT NULL,
   scope       pg_catalog.text     DEFAULT '',
@@ -516,9 +516,9 @@ AS $$
 #variable_conflict use_column
 DECLARE
   me text := current_user;
-  k text := claim_key.key;
-  sc text := claim_key.scope;
-  fp bytea := claim_key.fingerprint;
+  k text := claim_key_checked.key;
+  sc text := claim_key_checked.scope;
+  fp bytea := claim_key_checked.fingerprint;
   v_ttl interval;
   v_lease interval;
   started timestamptz := clock_timestamp();
@@ -549,7 +549,7 @@ BEGIN
   -- empty or too long, a bad setting); the defaults here are theirs.
   IF k <> '' AND octet_length(k) <= 255 AND octet_length(sc) <= 255
      AND (fp IS NULL OR octet_length(fp) <= 64)
-     AND claim_key.ttl IS NULL AND claim_key.lease IS NULL AND claim_key.wait = interval '0'
+     AND claim_key_checked.ttl IS NULL AND claim_key_checked.lease IS NULL AND claim_key_checked.wait = interval '0'
      AND concat(current_setting('idempotency.max_key_length', true),
                 current_setting('idempotency.max_fingerprint_size', true),
                 current_setting('idempotency.default_ttl', true),
@@ -564,15 +564,15 @@ BEGIN
     IF fp IS NOT NULL THEN
       PERFORM idempotency.check_size(octet_length(fp), 'fingerprint', 'max_fingerprint_size', 64, 1024);
     END IF;
-    v_ttl := idempotency.checked_interval(claim_key.ttl, 'ttl');
-    v_lease := idempotency.checked_interval(claim_key.lease, 'lease');
-    IF claim_key.wait IS NULL THEN
+    v_ttl := idempotency.checked_interval(claim_key_checked.ttl, 'ttl');
+    v_lease := idempotency.checked_interval(claim_key_checked.lease, 'lease');
+    IF claim_key_checked.wait IS NULL THEN
       deadline := started;
     ELSE
-      IF idempotency.as_span(claim_key.wait, 'wait') < interval '0' THEN
+      IF idempotency.as_span(claim_key_checked.wait, 'wait') < interval '0' THEN
         RAISE EXCEPTION 'wait must not be negative' USING ERRCODE = '22023';
       END IF;
-      deadline := started + idempotency.as_span(claim_key.wait, 'wait');
+      deadline := started + idempotency.as_span(claim_key_checked.wait, 'wait');
     END IF;
   END IF;
 
@@ -726,6 +726,97 @@ BEGIN
       pause := least(pause * 2, 0.05);
     END IF;
   END LOOP;
+END
+$$;
+COMMENT ON FUNCTION idempotency.claim_key_checked(text, bytea, text, interval, interval, interval) IS
+  'Internal: claim_key of any call, with every argument checked by the helpers under a pinned '
+  'search_path (claim_key answers the usual new key and replay itself).';
+
+-- claim_key pins no search_path either (1.3.2, as complete_key below): every name of this body
+-- is schema-qualified, operators and casts included, and nothing resolves through the caller's
+-- path. It answers the usual call (the defaults, no setting of this edition set: the one
+-- expression of claim_key_checked) of a new key (the look, then the key's lock and the row in
+-- one statement) and of a replay (a row of the caller, not stamped here by another role, live,
+-- completed, of no other fingerprint); anything else, or a new key not inserted (the role has
+-- no secret yet, an open claim holds the lock, a row was committed since the look), goes to
+-- claim_key_checked, which looks again and decides as before.
+CREATE OR REPLACE FUNCTION idempotency.claim_key(
+  key         pg_catalog.text,
+  fingerprint pg_catalog.bytea    DEFAULT NULL,
+  scope       pg_catalog.text     DEFAULT '',
+  ttl         pg_catalog.interval DEFAULT NULL,
+  lease       pg_catalog.interval DEFAULT NULL,
+  wait        pg_catalog.interval DEFAULT '0')
+RETURNS idempotency.claim_result
+LANGUAGE plpgsql VOLATILE SECURITY INVOKER PARALLEL UNSAFE
+AS $$
+#variable_conflict use_column
+DECLARE
+  me pg_catalog.text := CURRENT_USER;
+  now_ts pg_catalog.timestamptz;
+  r idempotency.idempotency_keys;
+  kept pg_catalog.bool;
+  claimed idempotency.claim_result;  -- the answer of the one-statement claim (other fields NULL)
+BEGIN
+  IF NOT pg_catalog.has_schema_privilege('idempotency', 'USAGE') THEN
+    RAISE EXCEPTION 'permission denied for schema idempotency' USING ERRCODE = '42501',
+      DETAIL = 'Calls reached by OID (a BEGIN ATOMIC body, a view, a kept plan) are checked too.';
+  END IF;
+  IF (claim_key.key OPERATOR(pg_catalog.<>) ''
+      AND pg_catalog.octet_length(claim_key.key) OPERATOR(pg_catalog.<=) 255
+      AND pg_catalog.octet_length(claim_key.scope) OPERATOR(pg_catalog.<=) 255
+      AND (claim_key.fingerprint IS NULL OR pg_catalog.octet_length(claim_key.fingerprint) OPERATOR(pg_catalog.<=) 64)
+      AND claim_key.ttl IS NULL AND claim_key.lease IS NULL
+      AND claim_key.wait OPERATOR(pg_catalog.=) '0'::pg_catalog.interval
+      AND pg_catalog.concat(pg_catalog.current_setting('idempotency.max_key_length', true),
+                            pg_catalog.current_setting('idempotency.max_fingerprint_size', true),
+                            pg_catalog.current_setting('idempotency.default_ttl', true),
+                            pg_catalog.current_setting('idempotency.max_ttl', true),
+                            pg_catalog.current_setting('idempotency.default_lease', true),
+                            pg_catalog.current_setting('idempotency.max_lease', true))
+          OPERATOR(pg_catalog.=) '') IS TRUE THEN
+    now_ts := pg_catalog.clock_timestamp();
+    SELECT * INTO r FROM idempotency.idempotency_keys t
+     WHERE t.key OPERATOR(pg_catalog.=) claim_key.key AND t.scope OPERATOR(pg_catalog.=) claim_key.scope
+       AND t.owner OPERATOR(pg_catalog.=) me;
+    IF NOT FOUND THEN
+      -- The default ttl (86400 s) and lease (300 s), as claim_key_checked's usual call.
+      INSERT INTO idempotency.idempotency_keys AS t
+             (owner, scope, key, fingerprint, attempts, ttl, lease, created_at, expires_at,
+              lease_token, locked_until, status, updated_at, owner_oid, owner_system)
+      SELECT me, claim_key.scope, claim_key.key, claim_key.fingerprint, 1,
+             '86400 seconds'::pg_catalog.interval, '300 seconds'::pg_catalog.interval, now_ts,
+             GREATEST(now_ts OPERATOR(pg_catalog.+) '86400 seconds'::pg_catalog.interval,
+                      now_ts OPERATOR(pg_catalog.+) '300 seconds'::pg_catalog.interval),
+             idempotency.uuid_v7_at(now_ts), now_ts OPERATOR(pg_catalog.+) '300 seconds'::pg_catalog.interval,
+             'processing', now_ts,
+             pg_catalog.quote_ident(me)::pg_catalog.regrole::pg_catalog.oid, idempotency.system_identifier()
+        FROM idempotency.role_secrets s
+       WHERE s.owner OPERATOR(pg_catalog.=) me
+         AND pg_catalog.pg_try_advisory_xact_lock(idempotency.lock_tag_of(s.secret, me, claim_key.scope, claim_key.key))
+      ON CONFLICT (key, scope, owner) DO NOTHING
+      RETURNING 'claimed', t.lease_token, t.fingerprint, t.attempts, t.created_at, t.expires_at
+           INTO claimed.status, claimed.token, claimed.fingerprint, claimed.attempts,
+                claimed.created_at, claimed.expires_at;
+      IF FOUND THEN
+        RETURN claimed;
+      END IF;
+    ELSIF r.expires_at OPERATOR(pg_catalog.>) now_ts AND r.status OPERATOR(pg_catalog.=) 'completed'
+          AND NOT (claim_key.fingerprint IS NOT NULL AND r.fingerprint IS NOT NULL
+                   AND r.fingerprint OPERATOR(pg_catalog.<>) claim_key.fingerprint)
+          AND (r.owner_oid IS NULL OR r.owner_system IS NULL
+               OR r.owner_oid OPERATOR(pg_catalog.=) pg_catalog.quote_ident(me)::pg_catalog.regrole::pg_catalog.oid
+               OR r.owner_system OPERATOR(pg_catalog.<>) idempotency.system_identifier()) THEN
+      -- A replay, no lock taken, nothing written: stored_answer('replay', r) written out.
+      kept := r.response_expires_at IS NULL OR r.response_expires_at OPERATOR(pg_catalog.>) pg_catalog.clock_timestamp();
+      RETURN ROW('replay', NULL, CASE WHEN kept THEN r.response END, r.response_code, r.fingerprint,
+                 r.recovery_point, r.attempts, r.created_at, r.expires_at, NULL,
+                 CASE WHEN kept THEN r.response_body END, CASE WHEN kept THEN r.response_headers END,
+                 NOT kept)::idempotency.claim_result;
+    END IF;
+  END IF;
+  RETURN idempotency.claim_key_checked(claim_key.key, claim_key.fingerprint, claim_key.scope,
+                                       claim_key.ttl, claim_key.lease, claim_key.wait);
 END
 $$;
 COMMENT ON FUNCTION idempotency.claim_key(text, bytea, text, interval, interval, interval) IS
