@@ -2,9 +2,10 @@
 -- same names, argument names, types and defaults, in PL/pgSQL. Every function runs as its
 -- caller (SECURITY INVOKER): a key belongs to current_user, and the table's row-level security
 -- (base.sql) holds a role to its own rows whatever it runs. The public functions pin
--- search_path (but complete_key, from 1.3.2: see there); the internal ones ("Internal:" in their comments) run under the pin of the
--- public function that calls them (a switch of search_path per call would cost each of them
--- the recomputation of the path and of its cached plans' check).
+-- search_path (but the usual calls of claim_key and complete_key, from 1.3.2: see there); the
+-- internal ones ("Internal:" in their comments) run under the pin of the public function that
+-- calls them (a switch of search_path per call would cost each of them the recomputation of
+-- the path and of its cached plans' check).
 -- CREATE OR REPLACE throughout: the one-file install runs this file again on every update.
 
 -------------------------------------------------------------------------------

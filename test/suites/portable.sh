@@ -110,8 +110,9 @@ expect "app_b cannot run the cleanup (42501)" \
   "permission denied for function idempotency_cleanup"
 expect "app_b cannot truncate the table (42501)" \
   "$(q -U app_b -d shop -c "TRUNCATE idempotency.idempotency_keys" | grep -o 'permission denied')" "permission denied"
-# complete_key pins no search_path on its usual call (1.3.2): operators of the caller's own
-# schema, first on its path, must not be what it compares with (a token would match any key).
+# claim_key and complete_key pin no search_path on their usual calls (1.3.2): operators of the
+# caller's own schema, first on its path, must not be what they compare with (a key would
+# match any key, a token any token).
 q -d shop -c "CREATE SCHEMA evil AUTHORIZATION app_a" >/dev/null
 q -U app_a -d shop -c "CREATE FUNCTION evil.always(uuid, uuid) RETURNS bool LANGUAGE sql AS 'SELECT true'" \
   -c "CREATE OPERATOR evil.= (LEFTARG = uuid, RIGHTARG = uuid, FUNCTION = evil.always)" \
@@ -121,11 +122,13 @@ q -U app_a -d shop -c "CREATE FUNCTION evil.always(uuid, uuid) RETURNS bool LANG
 expect "a caller's own operators on its search_path: complete_key still refuses a token never issued (55000)" \
   "$(q -U app_a -d shop -c "SET search_path = evil, pg_catalog" -c "SELECT idempotency.claim_key('evil-path')" -c "SELECT idempotency.complete_key('evil-path', gen_random_uuid(), '{}')" 2>&1 | grep -o 'token does not hold idempotency key')" \
   "token does not hold idempotency key"
+expect "a caller's own operators on its search_path: claim_key of a new key still claims it (no other key replayed)" \
+  "$(q -U app_a -d shop -c "SET search_path = evil, pg_catalog" -c "SELECT status FROM idempotency.claim_key('evil-new')")" "claimed"
 expect "a caller's own functions on its search_path: complete_key still measures the key (22001)" \
   "$(q -U app_a -d shop -c "SET search_path = evil, pg_catalog" -c "SELECT idempotency.complete_key(repeat('k', 300), gen_random_uuid(), '{}')" 2>&1 | grep -o 'idempotency key is too long')" \
   "idempotency key is too long"
 q -d shop -c "DROP SCHEMA evil CASCADE" >/dev/null
-q -U app_a -d shop -c "DELETE FROM idempotency.idempotency_keys WHERE key = 'evil-path'" >/dev/null
+q -U app_a -d shop -c "DELETE FROM idempotency.idempotency_keys WHERE key IN ('evil-path', 'evil-new')" >/dev/null
 expect "a bad setting is refused at the call (22023)" \
   "$(q -U app_a -d shop -c "SET idempotency.default_ttl = '-5'" -c "SELECT idempotency.claim_key('bad-setting')" | grep -o 'invalid value for parameter "idempotency.default_ttl"')" \
   'invalid value for parameter "idempotency.default_ttl"'
