@@ -314,24 +314,41 @@ COMMENT ON FUNCTION @extschema@.key_policy() IS
   'kept by default (a completed key: ttl after its completion) and at most, the lease of a '
   'claim, and the largest key and response accepted. For an API to publish; changes nothing.';
 
+-- The key of the expiry index on PostgreSQL 16 and later (below): expires_at rounded down to
+-- its minute.
+CREATE FUNCTION @extschema@.expiry_bucket(expires_at timestamptz) RETURNS timestamptz
+AS 'MODULE_PATHNAME', 'expiry_bucket'
+LANGUAGE C IMMUTABLE STRICT PARALLEL SAFE;
+COMMENT ON FUNCTION @extschema@.expiry_bucket(timestamptz) IS
+  'expires_at rounded down to its minute (infinity stays): the key of the expiry index on '
+  'PostgreSQL 16 and later, so that keys written within a minute seldom widen its block '
+  'ranges'' summaries. Never later than expires_at: bucket <= now finds every expired key.';
+
 -- The cleanup's index on expires_at, chosen by the server's major version. A completion moves
 -- expires_at (ttl counts from the completion): under a B-Tree on it, no completion is a HOT
 -- update, and each completed key costs two more index entries (the primary key's included).
 -- PostgreSQL 16 and later keep an update HOT when only summarizing (BRIN) indexes cover the
 -- changed columns: there the index is a BRIN, and a completion writes no new B-Tree entry.
--- PostgreSQL 15 has no such update and keeps the B-Tree, whose ordered walk the cleanup uses
--- (docs/design.md, "The expiry index"). An update with keys in place rebuilds the index.
+-- The BRIN is over expiry_bucket(expires_at), not expires_at: time only moves forward, so
+-- nearly every new expiry would lie past its range's maximum and widen the summary (a WAL
+-- record per claim and per completion); by the minute, keys written close together share
+-- a value that the summary already holds. PostgreSQL 15 has no such update and keeps the
+-- B-Tree, whose ordered walk the cleanup uses (docs/design.md, "The expiry index"). An update
+-- with keys in place rebuilds the index.
 DO $$
 BEGIN
   IF pg_catalog.current_setting('server_version_num')::pg_catalog.int4 >= 160000 AND NOT EXISTS (
        SELECT FROM pg_catalog.pg_class i JOIN pg_catalog.pg_am a ON a.oid OPERATOR(pg_catalog.=) i.relam
+                   JOIN pg_catalog.pg_index x ON x.indexrelid OPERATOR(pg_catalog.=) i.oid
         WHERE i.oid OPERATOR(pg_catalog.=) '@extschema@.idempotency_keys_expires_at_idx'::pg_catalog.regclass
-          AND a.amname OPERATOR(pg_catalog.=) 'brin') THEN
+          AND a.amname OPERATOR(pg_catalog.=) 'brin' AND x.indexprs IS NOT NULL) THEN
     EXECUTE 'DROP INDEX @extschema@.idempotency_keys_expires_at_idx';
-    EXECUTE 'CREATE INDEX idempotency_keys_expires_at_idx ON @extschema@.idempotency_keys USING brin (expires_at)';
+    EXECUTE 'CREATE INDEX idempotency_keys_expires_at_idx ON @extschema@.idempotency_keys '
+            'USING brin (@extschema@.expiry_bucket(expires_at))';
   END IF;
 END
 $$;
 COMMENT ON INDEX @extschema@.idempotency_keys_expires_at_idx IS
-  'Serves the cleanup''s scan for expired keys: a B-Tree on PostgreSQL 15, a BRIN on 16 and '
-  'later, where a completion (which moves expires_at) then stays a HOT update.';
+  'Serves the cleanup''s scan for expired keys: a B-Tree on PostgreSQL 15, a BRIN over '
+  'expiry_bucket(expires_at) on 16 and later, where a completion (which moves expires_at) '
+  'then stays a HOT update.';

@@ -134,6 +134,7 @@ SELECT amname = 'brin' AS expiry_brin FROM pg_class JOIN pg_am ON pg_am.oid = re
 PREPARE batch(timestamptz, int, timestamptz) AS
 WITH gone AS (DELETE FROM idempotency_keys WHERE ctid = ANY (ARRAY(
   SELECT ctid FROM idempotency_keys WHERE expires_at >= $3 AND expires_at <= $1
+     AND idempotency.expiry_bucket(expires_at) <= $1
    LIMIT $2 FOR UPDATE SKIP LOCKED)) AND expires_at <= $1
   RETURNING ctid)
 SELECT count(*), max(ctid) FROM gone;

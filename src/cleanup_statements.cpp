@@ -4,29 +4,43 @@
 #include <algorithm>
 
 #include "caller.hpp"
+#include "key_layout.hpp"
 #include "key_store.hpp"
 #include "pg_boundary.hpp"
 
 namespace idem::cleanup::statements {
 namespace {
 
+// How the table's expiry index serves the first batch: an ordered walk of a B-Tree whose
+// first column is expires_at (15), or a BRIN over expiry_bucket(expires_at) (16+), whose
+// bucket the batch states so that the BRIN's bitmap may serve it (`bucket` names the
+// function, schema-qualified); neither: a sequential scan.
+struct ExpiryIndex {
+  bool ordered = false;
+  std::string bucket;
+};
+
 // $1 now, $2 batch size, $3 lower bound of expires_at. The inner SELECT walks the
 // expires_at index in order and locks rows without waiting; the DELETE then reaches the
-// locked rows by their ctid (a TID scan) and checks the expiry once more. Under a BRIN on
-// expires_at (16+, `ordered` false) no index gives that order, and sorting every match to
-// take a batch would read the whole table per batch: the batch is the first expired keys in
-// the table's block order instead (a bitmap or sequential scan that stops at the LIMIT; the
-// workers never synchronize sequential scans, worker_session.cpp), $3 is always -infinity,
-// and the statement returns the largest ctid deleted, where the next batch goes on
-// (range_batch_sql).
-std::string batch_sql(const std::string& table, bool ordered) {
+// locked rows by their ctid (a TID scan) and checks the expiry once more. Under a BRIN
+// (16+, `ordered` false) no index gives that order, and sorting every match to take a batch
+// would read the whole table per batch: the batch is the first expired keys in the table's
+// block order instead (a bitmap or sequential scan that stops at the LIMIT; the workers never
+// synchronize sequential scans, worker_session.cpp), $3 is always -infinity, and the
+// statement returns the largest ctid deleted, where the next batch goes on (range_batch_sql).
+// A key's bucket is never later than its expiry, so "bucket <= now" leaves out no expired key.
+std::string batch_sql(const std::string& table, const ExpiryIndex& index) {
+  const bool ordered = index.ordered;
+  const std::string by_bucket =
+      index.bucket.empty() ? ""
+                           : " AND " + index.bucket + "(expires_at) OPERATOR(pg_catalog.<=) $1";
   return "WITH gone AS (DELETE FROM " + table +
          " WHERE ctid OPERATOR(pg_catalog.=) ANY (ARRAY("
          "SELECT ctid FROM " +
          table +
          " WHERE expires_at OPERATOR(pg_catalog.>=) $3"
          " AND expires_at OPERATOR(pg_catalog.<=) $1" +
-         (ordered ? " ORDER BY expires_at" : "") +
+         by_bucket + (ordered ? " ORDER BY expires_at" : "") +
          " LIMIT $2 FOR UPDATE SKIP LOCKED))"
          " AND expires_at OPERATOR(pg_catalog.<=) $1 RETURNING " +
          (ordered ? "expires_at" : "ctid") + ") SELECT pg_catalog.count(*), pg_catalog.max(" +
@@ -45,25 +59,40 @@ std::string range_batch_sql(const std::string& table) {
          " RETURNING ctid) SELECT pg_catalog.count(*), pg_catalog.max(ctid) FROM gone";
 }
 
-// Has `relation` a B-Tree whose first column is expires_at (the cleanup's ordered walk)?
-bool expiry_is_ordered(Oid relation) {
-  return pg_call([&] {
+// The expiry index of `relation` (see ExpiryIndex).
+ExpiryIndex expiry_index_of(Oid relation) {
+  Oid bucket_function = InvalidOid;
+  const bool ordered = pg_call([&] {
     Relation table = table_open(relation, AccessShareLock);
     const AttrNumber expires_at = get_attnum(relation, "expires_at");
     List* indexes = RelationGetIndexList(table);
-    bool ordered = false;
+    bool found = false;
     ListCell* cell = nullptr;
     foreach (cell, indexes) {
       Relation index = index_open(lfirst_oid(cell), AccessShareLock);
-      ordered = ordered || (index->rd_rel->relam == BTREE_AM_OID && index->rd_index->indisvalid &&
-                            index->rd_index->indnkeyatts >= 1 &&
-                            index->rd_index->indkey.values[0] == expires_at);
+      found = found || (index->rd_rel->relam == BTREE_AM_OID && index->rd_index->indisvalid &&
+                        index->rd_index->indnkeyatts >= 1 &&
+                        index->rd_index->indkey.values[0] == expires_at);
+      if (index->rd_rel->relam == BRIN_AM_OID && index->rd_index->indisvalid &&
+          index->rd_index->indnkeyatts == 1 && index->rd_index->indkey.values[0] == 0) {
+        List* expressions = RelationGetIndexExpressions(index);
+        if (key_layout::is_expiry_bucket_key(expressions, expires_at))
+          bucket_function = castNode(FuncExpr, linitial(expressions))->funcid;
+      }
       index_close(index, AccessShareLock);
     }
     list_free(indexes);
     table_close(table, AccessShareLock);
-    return ordered;
+    return found;
   });
+  ExpiryIndex index;
+  index.ordered = ordered;
+  if (OidIsValid(bucket_function))
+    index.bucket = pg_call([&] {
+      return quote_qualified_identifier(get_namespace_name(get_func_namespace(bucket_function)),
+                                        get_func_name(bucket_function));
+    });
+  return index;
 }
 
 // Up to $3 keys in the blocks [$1, $2) that no role owns, locked without waiting and deleted:
@@ -125,7 +154,7 @@ enum PlanId { kBatch, kRangeBatch, kOrphans, kAdopt, kDropResponses, kPlanCount 
 // shard; a new OID after DROP and CREATE EXTENSION makes them stale).
 struct PlanCache {
   Oid relation = InvalidOid;
-  bool ordered = true;  // expiry_is_ordered, when the batch's plan was made
+  bool ordered = true;  // expiry_index_of(...).ordered, when the batch's plan was made
   std::array<SPIPlanPtr, kPlanCount> plans{};
 };
 std::array<PlanCache, 4> caches;  // a few relations: a table, or the shards a node holds
@@ -153,8 +182,9 @@ SPIPlanPtr plan_for(Oid relation, PlanId id) {
   std::string sql;
   std::vector<Oid> types;
   if (id == kBatch) {
-    cache->ordered = expiry_is_ordered(relation);
-    sql = batch_sql(name, cache->ordered);
+    const ExpiryIndex index = expiry_index_of(relation);
+    cache->ordered = index.ordered;
+    sql = batch_sql(name, index);
     types = {TIMESTAMPTZOID, INT4OID, TIMESTAMPTZOID};
   } else if (id == kRangeBatch) {
     sql = range_batch_sql(name);

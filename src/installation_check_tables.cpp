@@ -4,6 +4,7 @@
 // indexes and statistics objects that run functions). Plain PostgreSQL code: palloc'd
 // strings, catalog scans, no C++ object with a destructor.
 #include "installation_check_internal.hpp"
+#include "key_layout.hpp"
 
 namespace idem::installation_check {
 namespace {
@@ -182,9 +183,18 @@ bool check_indexes(Relation table, const char* what, Refusal* refusal) {
     const Oid index = lfirst_oid(cell);
     HeapTuple tuple = SearchSysCache1(INDEXRELID, ObjectIdGetDatum(index));
     if (!HeapTupleIsValid(tuple)) elog(ERROR, "cache lookup failed for index %u", index);
-    const bool computed = !heap_attisnull(tuple, Anum_pg_index_indexprs, nullptr) ||
-                          !heap_attisnull(tuple, Anum_pg_index_indpred, nullptr);
     bool is_null = true;
+    bool computed = !heap_attisnull(tuple, Anum_pg_index_indexprs, nullptr) ||
+                    !heap_attisnull(tuple, Anum_pg_index_indpred, nullptr);
+    // The one expression allowed: the expiry index's key on 16+, this library's own
+    // expiry_bucket(expires_at) (key_layout.hpp), which runs no code of anyone else.
+    if (computed && heap_attisnull(tuple, Anum_pg_index_indpred, nullptr) &&
+        reinterpret_cast<Form_pg_index>(GETSTRUCT(tuple))->indnatts == 1) {
+      Datum expressions = SysCacheGetAttr(INDEXRELID, tuple, Anum_pg_index_indexprs, &is_null);
+      computed = !key_layout::is_expiry_bucket_key(
+          static_cast<List*>(stringToNode(TextDatumGetCString(expressions))),
+          get_attnum(RelationGetRelid(table), "expires_at"));
+    }
     const auto* classes = reinterpret_cast<const oidvector*>(
         DatumGetPointer(SysCacheGetAttr(INDEXRELID, tuple, Anum_pg_index_indclass, &is_null)));
     bool foreign_code = false;

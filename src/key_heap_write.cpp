@@ -44,23 +44,24 @@ bool is_summarizing(const IndexInfo* info) {
 #endif
 }
 
-// index_insert into a BRIN index, whose insert keeps state in ii_AmCache (the range map's
-// metapage pinned, on 17+) that the executor drops when it closes the index: here it lives in
-// a context of this insert only, dropped after it, so nothing outlives the call. An insert
-// that raised left ii_AmCache dangling: it is cleared first.
+// index_insert into a BRIN index, whose insert keeps state in ii_AmCache (the BRIN's
+// descriptor; on 17+ the range map's metapage pinned): kept for the transaction's later
+// inserts, its pins held by the top resource owner, released at the transaction's end
+// (key_layout.hpp).
 // pg-frame: runs inside pg_call only (owns no C++ object).
 void insert_brin_entry(Relation index, IndexInfo* info, Datum* key_values, bool* key_nulls,
                        ItemPointer tid, Relation table, bool unchanged) {
-  MemoryContext context =
-      AllocSetContextCreate(CurrentMemoryContext, "idempotency BRIN insert", ALLOCSET_SMALL_SIZES);
-  info->ii_AmCache = nullptr;
-  info->ii_Context = context;
-  index_insert(index, key_values, key_nulls, tid, table, UNIQUE_CHECK_NO, unchanged, info);
-#if PG_VERSION_NUM >= 170000
-  index_insert_cleanup(index, info);
-#endif
-  info->ii_AmCache = nullptr;
-  MemoryContextDelete(context);
+  info->ii_Context = key_layout::insert_states_context();
+  ResourceOwner saved = CurrentResourceOwner;
+  CurrentResourceOwner = TopTransactionResourceOwner;
+  PG_TRY();
+  { index_insert(index, key_values, key_nulls, tid, table, UNIQUE_CHECK_NO, unchanged, info); }
+  PG_FINALLY();
+  {
+    CurrentResourceOwner = saved;
+    if (info->ii_AmCache != nullptr) key_layout::insert_states_kept();
+  }
+  PG_END_TRY();
 }
 // pg-frame: runs inside pg_call only (owns no C++ object).
 bool insert_index_entries(Relation table, const OpenTable& open, Datum* values, bool* nulls,
@@ -80,7 +81,15 @@ bool insert_index_entries(Relation table, const OpenTable& open, Datum* values, 
     Datum key_values[INDEX_MAX_KEYS];
     bool key_nulls[INDEX_MAX_KEYS];
     uint64 columns = 0;
-    for (int k = 0; k < info->ii_NumIndexAttrs; ++k) {
+    if (key_layout::current().on_expiry_bucket[i]) {
+      // The expiry index of 16+ (key_layout.hpp): the one expression the layout allows.
+      const int expires_at = key_layout::current().attnum[kExpiresAt] - 1;
+      key_values[0] =
+          TimestampTzGetDatum(key_layout::expiry_bucket(DatumGetTimestampTz(values[expires_at])));
+      key_nulls[0] = nulls[expires_at];
+      columns = uint64{1} << expires_at;
+    }
+    for (int k = 0; k < info->ii_NumIndexAttrs && info->ii_IndexAttrNumbers[k] != 0; ++k) {
       AttrNumber attnum = info->ii_IndexAttrNumbers[k];
       key_values[k] = values[attnum - 1];
       key_nulls[k] = nulls[attnum - 1];

@@ -13,8 +13,42 @@ Layout layout;
 // never misses an index created meanwhile.
 uint64 invalidations = 0;
 
+// The BRIN insert states (see key_layout.hpp): where they live, and whether any is kept.
+MemoryContext insert_states = nullptr;
+bool states_kept = false;
+
+// Releases every kept insert state: on 17+ the range map's pins, taken under the top
+// resource owner (which must be current to release them), then their memory.
+// pg-frame: runs inside pg_call or a callback only (owns no C++ object).
+void release_insert_states() {
+  if (!states_kept) return;
+  states_kept = false;
+  ResourceOwner saved = CurrentResourceOwner;
+  CurrentResourceOwner = TopTransactionResourceOwner;
+  for (int i = 0; i < layout.index_count; ++i) {
+    IndexInfo* info = layout.index_info[i];
+    if (info == nullptr || info->ii_AmCache == nullptr) continue;
+#if PG_VERSION_NUM >= 170000
+    // (It reads only `info`: the index relation is not needed, nor open here.)
+    brininsertcleanup(nullptr, info);
+#endif
+    info->ii_AmCache = nullptr;
+  }
+  CurrentResourceOwner = saved;
+  MemoryContextReset(insert_states);
+}
+
+// Before the resource owner looks for leaked pins at the transaction's end.
+void release_at_transaction_end(XactEvent event, void*) {
+  if (event == XACT_EVENT_PRE_COMMIT || event == XACT_EVENT_PARALLEL_PRE_COMMIT ||
+      event == XACT_EVENT_PRE_PREPARE || event == XACT_EVENT_ABORT ||
+      event == XACT_EVENT_PARALLEL_ABORT)
+    release_insert_states();
+}
+
 void forget_layout(Datum, Oid relation) {
   ++invalidations;
+  release_insert_states();
   if (relation == InvalidOid || relation == layout.table) layout.table = InvalidOid;
   for (int i = 0; i < layout.index_count; ++i)
     if (layout.index_oids[i] == relation) layout.table = InvalidOid;
@@ -24,6 +58,7 @@ void forget_layout(Datum, Oid relation) {
 // 'processing' and 'completed' must be looked up again (and refused if they are gone).
 void forget_labels(Datum, SyscacheId, uint32) {
   ++invalidations;
+  release_insert_states();
   layout.table = InvalidOid;
 }
 
@@ -45,6 +80,13 @@ bool is_our_primary_key(Relation index, const Layout& l) {
          index->rd_indcollation[0] == C_COLLATION_OID &&
          index->rd_indcollation[1] == C_COLLATION_OID &&
          index->rd_indcollation[2] == C_COLLATION_OID;
+}
+
+// Is `info` an index over expiry_bucket(expires_at), and nothing else?
+// pg-frame: runs inside pg_call only (owns no C++ object).
+bool is_expiry_bucket_index(const IndexInfo* info, const Layout& l) {
+  return info->ii_NumIndexAttrs == 1 && info->ii_IndexAttrNumbers[0] == 0 &&
+         is_expiry_bucket_key(info->ii_Expressions, l.attnum[kExpiresAt]);
 }
 
 // The first reason that applies is the one a layout keeps.
@@ -107,9 +149,11 @@ LayoutCheck read_indexes(Relation table, Layout& l) {
       MemoryContextSwitchTo(old);
       // Plain B-Tree and BRIN indexes only: other access methods keep per-index state across
       // inserts (ii_AmCache) that the executor cleans up; key_heap_write.cpp does it for BRIN.
+      // Of expressions, only expiry_bucket(expires_at), which key_heap_write.cpp computes.
+      l.on_expiry_bucket[l.index_count] = is_expiry_bucket_index(info, l);
       if ((index->rd_rel->relam != BTREE_AM_OID && index->rd_rel->relam != BRIN_AM_OID) ||
-          info->ii_Expressions != NIL || info->ii_Predicate != NIL ||
-          info->ii_ExclusionOps != nullptr ||
+          (info->ii_Expressions != NIL && !l.on_expiry_bucket[l.index_count]) ||
+          info->ii_Predicate != NIL || info->ii_ExclusionOps != nullptr ||
           (index->rd_index->indisunique && !index->rd_index->indimmediate))
         needs(l, route::ExecutorReason::kIndexKind);
       // The direct path probes the primary key only; the executor would check every unique
@@ -154,6 +198,7 @@ void load_layout(Relation table) {
   for (uint64 seen = invalidations - 1; seen != invalidations;) {
     seen = invalidations;
     check = pg_call([&] {
+      release_insert_states();
       layout.table = InvalidOid;
       if (layout.memory == nullptr)
         layout.memory = AllocSetContextCreate(TopMemoryContext, "idempotency table layout",
@@ -217,6 +262,12 @@ const Layout& current() {
   return layout;
 }
 
+namespace {
+Datum sql_expiry_bucket(FunctionCallInfo fcinfo) {
+  PG_RETURN_TIMESTAMPTZ(expiry_bucket(PG_GETARG_TIMESTAMPTZ(0)));
+}
+}  // namespace
+
 // A KeyRow from the columns of a row of the table, copied into `context`.
 key_store::KeyRow decode_values(const Datum* values, const bool* nulls, MemoryContext context) {
   auto column = [&](int number, bool* is_null) {
@@ -230,9 +281,40 @@ key_store::KeyRow decode_values(const Datum* values, const bool* nulls, MemoryCo
       context);
 }
 
+// pg-frame: runs inside pg_call only (owns no C++ object).
+MemoryContext insert_states_context() {
+  if (insert_states == nullptr)
+    insert_states = AllocSetContextCreate(TopMemoryContext, "idempotency BRIN insert states",
+                                          ALLOCSET_SMALL_SIZES);
+  return insert_states;
+}
+
+void insert_states_kept() {
+  states_kept = true;
+}
+
 void on_load() {
+  RegisterXactCallback(release_at_transaction_end, nullptr);
   CacheRegisterRelcacheCallback(forget_layout, 0);
   CacheRegisterSyscacheCallback(ENUMOID, forget_labels, 0);
+}
+
+}  // namespace idem::key_layout
+
+IDEM_SQL_FUNCTION(expiry_bucket, idem::key_layout::sql_expiry_bucket)
+
+namespace idem::key_layout {
+
+bool is_expiry_bucket_key(const List* expressions, AttrNumber expires_at) {
+  if (list_length(expressions) != 1 || !IsA(linitial(expressions), FuncExpr)) return false;
+  const FuncExpr* call = castNode(FuncExpr, linitial(expressions));
+  if (list_length(call->args) != 1 || !IsA(linitial(call->args), Var) ||
+      castNode(Var, linitial(call->args))->varattno != expires_at ||
+      call->funcresulttype != TIMESTAMPTZOID)
+    return false;
+  FmgrInfo function;
+  fmgr_info(call->funcid, &function);
+  return function.fn_addr == &::expiry_bucket;
 }
 
 }  // namespace idem::key_layout

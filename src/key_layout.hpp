@@ -17,6 +17,26 @@ using key_store::kColumnCount;
 constexpr int kMaxIndexes = 32;
 constexpr int kMaxAttributes = 64;  // live and dropped columns of the table
 
+// The key of the expiry index on PostgreSQL 16 and later, a BRIN over
+// expiry_bucket(expires_at): the expiry rounded down to its minute. Keys claimed or completed
+// within the same minute then fall inside their block range's summary, so a write seldom
+// widens it (no BRIN record in the WAL, no summary rewritten); and since a bucket is never
+// later than its expiry, "bucket <= now" finds every expired key (the cleanup checks the
+// exact expiry as well). Infinite timestamps are their own bucket.
+constexpr int64 kExpiryBucketUs = 60 * USECS_PER_SEC;
+inline TimestampTz expiry_bucket(TimestampTz expiry) {
+  if (TIMESTAMP_NOT_FINITE(expiry)) return expiry;
+  int64 into_bucket = expiry % kExpiryBucketUs;
+  if (into_bucket < 0) into_bucket += kExpiryBucketUs;
+  return expiry - into_bucket;
+}
+
+// Are `expressions` (an index's, as pg_index.indexprs holds them) exactly one call of this
+// library's expiry_bucket (whatever its name or schema: the C symbol decides) on the column
+// numbered `expires_at`?
+// pg-frame: runs inside pg_call only (owns no C++ object).
+bool is_expiry_bucket_key(const List* expressions, AttrNumber expires_at);
+
 // What the direct path needs to know about the table (see above).
 struct Layout {
   Oid table = InvalidOid;          // InvalidOid: not loaded
@@ -30,6 +50,9 @@ struct Layout {
   int index_count = 0;
   Oid index_oids[kMaxIndexes] = {};
   IndexInfo* index_info[kMaxIndexes] = {};
+  // Is the index's one key expiry_bucket(expires_at) (the expiry index of 16+), whose value
+  // the direct path computes itself; the layout allows no other expression.
+  bool on_expiry_bucket[kMaxIndexes] = {};
 };
 
 // The layout of `table` (open and locked), loaded when it is not the one cached; refuses a
@@ -49,6 +72,17 @@ key_store::KeyRow decode_values(const Datum* values, const bool* nulls, MemoryCo
 [[noreturn]] void reject_old_table();
 // 55000 for a table made by 1.2 (no owner_oid, owner_system), raised the same ways.
 [[noreturn]] void reject_unstamped_table();
+
+// The BRIN insert states of the layout's indexes (ii_AmCache) are kept from one direct write to
+// the next within a transaction, as the executor keeps them for a statement: building one
+// (the BRIN's descriptor; on 17+ the range map's metapage pinned) costs about as much as the
+// insert itself. They live in insert_states_context(), their buffer pins held by the
+// transaction's top resource owner (a subtransaction's end must not release them), and are
+// released when the transaction ends and whenever the layout is forgotten (a relcache entry
+// they point to may go). Call insert_states_kept() after an insert that may have built one.
+// pg-frame: runs inside pg_call only (owns no C++ object).
+MemoryContext insert_states_context();
+void insert_states_kept();
 
 // Registers the callbacks that forget the cached layout; called from _PG_init.
 void on_load();

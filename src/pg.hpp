@@ -27,6 +27,9 @@ extern "C" {
 #include "miscadmin.h"
 #include "pgstat.h"
 #include "access/detoast.h"
+#if PG_VERSION_NUM >= 170000
+#include "access/brin_internal.h"  // brininsertcleanup (key_layout.cpp)
+#endif
 #include "access/genam.h"
 #include "access/relscan.h"
 #include "access/skey.h"

@@ -67,9 +67,37 @@ struct OurFunctions {
 OurFunctions our_functions;
 uint64 pg_proc_changes = 0;  // counts the invalidations below
 
+// Our functions' call information, looked up once and copied by each scan: fmgr_info reads
+// pg_proc and the library's function table at every call (about 500 instructions a scan).
+// Dropped with the list above, at any change to pg_proc.
+struct KnownFunction {
+  Oid oid = InvalidOid;
+  FmgrInfo info{};
+};
+std::array<KnownFunction, 2> known_functions;
+size_t next_known = 0;
+
 void forget_our_functions(Datum, SyscacheId, uint32) {
   our_functions.valid = false;
+  for (KnownFunction& known : known_functions) known.oid = InvalidOid;
   ++pg_proc_changes;
+}
+
+// pg-frame: under BeginCustomScan. Fills `info` (in `context`) for `function`, from the copy
+// kept since its first scan; an invalidation while it is looked up keeps no copy.
+void function_info(Oid function, FmgrInfo* info, MemoryContext context) {
+  for (KnownFunction& known : known_functions) {
+    if (known.oid == function) {
+      fmgr_info_copy(info, &known.info, context);
+      return;
+    }
+  }
+  const uint64 seen = pg_proc_changes;
+  KnownFunction& slot = known_functions[next_known++ % known_functions.size()];
+  slot.oid = InvalidOid;
+  fmgr_info_cxt(function, &slot.info, TopMemoryContext);
+  if (seen == pg_proc_changes) slot.oid = function;
+  fmgr_info_copy(info, &slot.info, context);
 }
 
 // pg-frame: planner. Fills `found` from pg_extension and pg_proc (by name, in the schema).
@@ -272,7 +300,7 @@ void begin_scan(CustomScanState* node, EState* estate, int /*eflags*/) {
   auto* plan = reinterpret_cast<CustomScan*>(node->ss.ps.plan);
   auto* call = linitial_node(FuncExpr, plan->custom_exprs);
   check_execute(call->funcid);
-  fmgr_info_cxt(call->funcid, &state->function, estate->es_query_cxt);
+  function_info(call->funcid, &state->function, estate->es_query_cxt);
   fmgr_info_set_expr(reinterpret_cast<Node*>(call), &state->function);
   const int arguments = list_length(call->args);
   state->call = static_cast<FunctionCallInfo>(palloc0(SizeForFunctionCallInfo(arguments)));

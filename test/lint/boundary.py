@@ -95,6 +95,7 @@ PG_FRAMES = {
     ("src/result_scan.cpp", "create_scan_state"),  # the plan's CreateCustomScanState
     ("src/result_scan.cpp", "check_execute"),  # under BeginCustomScan
     ("src/result_scan.cpp", "begin_scan"),  # BeginCustomScan
+    ("src/result_scan.cpp", "function_info"),  # under BeginCustomScan
     ("src/result_scan.cpp", "call_function"),  # under ExecCustomScan
     ("src/worker_session.cpp", "prepare_settings"),  # a worker's main, before its C++ objects
     ("src/worker_session.cpp", "undo_database_settings"),  # a worker's main, likewise

@@ -10,8 +10,9 @@
 \pset tuples_only on
 SET client_min_messages = warning;
 CREATE EXTENSION amcheck;
+CREATE EXTENSION pageinspect;
 
-SELECT plan(12);
+SELECT plan(17);
 
 \ir include/indexes_whole.sql
 
@@ -21,12 +22,20 @@ SELECT is((SELECT a.amname::text FROM pg_class i JOIN pg_am a ON a.oid = i.relam
           CASE WHEN :'summarizing'::boolean THEN 'brin' ELSE 'btree' END,
           'the expiry index is a BRIN on PostgreSQL 16 and later, a B-Tree on 15');
 
--- Rows found through the expiry index alone (no sequential scan) with expires_at >= `since`.
+-- Rows found through the expiry index alone (no sequential scan) with expires_at >= `since`
+-- (on 16+ the BRIN's key is expiry_bucket(expires_at): the statement names it, as the
+-- cleanup's does).
 CREATE FUNCTION found_by_expiry_index(since timestamptz) RETURNS int LANGUAGE plpgsql AS $$
 DECLARE n int;
 BEGIN
   PERFORM set_config('enable_seqscan', 'off', true);
-  SELECT count(*) INTO n FROM idempotency.idempotency_keys WHERE expires_at >= since;
+  IF current_setting('server_version_num')::int >= 160000 THEN
+    SELECT count(*) INTO n FROM idempotency.idempotency_keys
+     WHERE idempotency.expiry_bucket(expires_at) >= idempotency.expiry_bucket(since)
+       AND expires_at >= since;
+  ELSE
+    SELECT count(*) INTO n FROM idempotency.idempotency_keys WHERE expires_at >= since;
+  END IF;
   PERFORM set_config('enable_seqscan', 'on', true);
   RETURN n;
 END $$;
@@ -69,6 +78,26 @@ SELECT is((SELECT status::text FROM done2), 'replay', 'claim + complete in one s
 SELECT is(found_by_expiry_index((SELECT expires_at FROM done2)), 1,
           'a scan of the expiry index finds the inbox key at its expiry');
 SELECT ok(indexes_whole(), 'every index holds every row after the inbox completion');
+
+-- The BRIN's key is the expiry rounded down to its minute: what the direct path wrote for
+-- the inbox key (its claim's row, then its completion, past the summary's end) is a whole
+-- minute at both ends of every summary (on 15 there is no BRIN to read).
+SELECT ok(CASE WHEN NOT :'summarizing'::boolean THEN true ELSE (
+            SELECT bool_and(extract(epoch FROM split_part(btrim(value, '{}'), ' .. ', 1)::timestamptz)::numeric % 60 = 0
+                        AND extract(epoch FROM split_part(btrim(value, '{}'), ' .. ', 2)::timestamptz)::numeric % 60 = 0)
+                   AND count(*) > 0
+              FROM brin_page_items(get_raw_page('idempotency.idempotency_keys_expires_at_idx', 2),
+                                   'idempotency.idempotency_keys_expires_at_idx')
+             WHERE value IS NOT NULL) END,
+          'the BRIN holds whole minutes: the direct path wrote expiry_bucket(expires_at)');
+SELECT is(idempotency.expiry_bucket('2026-12-05 10:21:37.25+00'), '2026-12-05 10:21:00+00'::timestamptz,
+          'expiry_bucket rounds down to the minute');
+SELECT is(idempotency.expiry_bucket('2026-12-05 10:21:00+00'), '2026-12-05 10:21:00+00'::timestamptz,
+          'a whole minute is its own bucket');
+SELECT is(idempotency.expiry_bucket('1999-12-31 23:59:30.5+00'), '1999-12-31 23:59:00+00'::timestamptz,
+          'before 2000 (a negative time inside PostgreSQL) too, never later than the expiry');
+SELECT is(ARRAY[idempotency.expiry_bucket('infinity'), idempotency.expiry_bucket('-infinity')],
+          ARRAY['infinity', '-infinity']::timestamptz[], 'infinity is its own bucket');
 
 -- The cleanup with the expiry index, whatever its kind: expired keys of mixed ttls, in
 -- insertion order, deleted; the live ones kept.

@@ -3,18 +3,18 @@
 -- heap tuple against the index, so a missing entry fails it). Needs CREATE EXTENSION amcheck.
 -- A BRIN (the expiry index on PostgreSQL 16 and later) has no amcheck before 18: each live
 -- row must be found by a scan of it for its own value (a summary that missed a write, say a
--- completion's new expires_at, leaves the row out of its range: brin_finds_every_row).
+-- completion's new expires_at, leaves the row out of its range: brin_finds_every_row). The
+-- index's key may be an expression (expiry_bucket(expires_at)): it is read as the index has it.
 CREATE FUNCTION brin_finds_every_row(i regclass) RETURNS boolean LANGUAGE plpgsql AS $$
 DECLARE
-  col name := (SELECT a.attname FROM pg_index x JOIN pg_attribute a
-                 ON a.attrelid = x.indrelid AND a.attnum = x.indkey[0] WHERE x.indexrelid = i);
+  col text := pg_get_indexdef(i, 1, true);
   r record;
   found boolean;
   seqscan text := current_setting('enable_seqscan');
 BEGIN
   PERFORM set_config('enable_seqscan', 'off', true);
-  FOR r IN EXECUTE format('SELECT ctid, %I AS v FROM idempotency_keys', col) LOOP
-    EXECUTE format('SELECT coalesce(bool_or(ctid = $1), false) FROM idempotency_keys WHERE %I = $2', col)
+  FOR r IN EXECUTE format('SELECT ctid, %s AS v FROM idempotency_keys', col) LOOP
+    EXECUTE format('SELECT coalesce(bool_or(ctid = $1), false) FROM idempotency_keys WHERE %s = $2', col)
       INTO found USING r.ctid, r.v;
     IF NOT found THEN
       RAISE WARNING 'index % misses the row at % (% = %)', i, r.ctid, col, r.v;
