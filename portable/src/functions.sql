@@ -2,9 +2,10 @@
 -- same names, argument names, types and defaults, in PL/pgSQL. Every function runs as its
 -- caller (SECURITY INVOKER): a key belongs to current_user, and the table's row-level security
 -- (base.sql) holds a role to its own rows whatever it runs. The public functions pin
--- search_path; the internal ones ("Internal:" in their comments) run under the pin of the
--- public function that calls them (a switch of search_path per call would cost each of them
--- the recomputation of the path and of its cached plans' check).
+-- search_path (but the usual calls of claim_key and complete_key, from 1.3.2: see there); the
+-- internal ones ("Internal:" in their comments) run under the pin of the public function that
+-- calls them (a switch of search_path per call would cost each of them the recomputation of
+-- the path and of its cached plans' check).
 -- CREATE OR REPLACE throughout: the one-file install runs this file again on every update.
 
 -------------------------------------------------------------------------------
@@ -502,7 +503,7 @@ $$;
 COMMENT ON FUNCTION idempotency.stored_answer(idempotency.claim_status, idempotency.idempotency_keys) IS
   'Internal: the claim_result of a replay, a mismatch (or a look''s in_progress and reclaimed), read from the stored row.';
 
-CREATE OR REPLACE FUNCTION idempotency.claim_key(
+CREATE OR REPLACE FUNCTION idempotency.claim_key_checked(
   key         pg_catalog.text,
   fingerprint pg_catalog.bytea    DEFAULT NULL,
   scope       pg_catalog.text     DEFAULT '',
@@ -516,9 +517,9 @@ AS $$
 #variable_conflict use_column
 DECLARE
   me text := current_user;
-  k text := claim_key.key;
-  sc text := claim_key.scope;
-  fp bytea := claim_key.fingerprint;
+  k text := claim_key_checked.key;
+  sc text := claim_key_checked.scope;
+  fp bytea := claim_key_checked.fingerprint;
   v_ttl interval;
   v_lease interval;
   started timestamptz := clock_timestamp();
@@ -549,7 +550,7 @@ BEGIN
   -- empty or too long, a bad setting); the defaults here are theirs.
   IF k <> '' AND octet_length(k) <= 255 AND octet_length(sc) <= 255
      AND (fp IS NULL OR octet_length(fp) <= 64)
-     AND claim_key.ttl IS NULL AND claim_key.lease IS NULL AND claim_key.wait = interval '0'
+     AND claim_key_checked.ttl IS NULL AND claim_key_checked.lease IS NULL AND claim_key_checked.wait = interval '0'
      AND concat(current_setting('idempotency.max_key_length', true),
                 current_setting('idempotency.max_fingerprint_size', true),
                 current_setting('idempotency.default_ttl', true),
@@ -564,15 +565,15 @@ BEGIN
     IF fp IS NOT NULL THEN
       PERFORM idempotency.check_size(octet_length(fp), 'fingerprint', 'max_fingerprint_size', 64, 1024);
     END IF;
-    v_ttl := idempotency.checked_interval(claim_key.ttl, 'ttl');
-    v_lease := idempotency.checked_interval(claim_key.lease, 'lease');
-    IF claim_key.wait IS NULL THEN
+    v_ttl := idempotency.checked_interval(claim_key_checked.ttl, 'ttl');
+    v_lease := idempotency.checked_interval(claim_key_checked.lease, 'lease');
+    IF claim_key_checked.wait IS NULL THEN
       deadline := started;
     ELSE
-      IF idempotency.as_span(claim_key.wait, 'wait') < interval '0' THEN
+      IF idempotency.as_span(claim_key_checked.wait, 'wait') < interval '0' THEN
         RAISE EXCEPTION 'wait must not be negative' USING ERRCODE = '22023';
       END IF;
-      deadline := started + idempotency.as_span(claim_key.wait, 'wait');
+      deadline := started + idempotency.as_span(claim_key_checked.wait, 'wait');
     END IF;
   END IF;
 
@@ -593,7 +594,7 @@ BEGIN
               lease_token, locked_until, status, updated_at, owner_oid, owner_system)
       SELECT me, sc, k, fp, 1, v_ttl, v_lease, now_ts, greatest(now_ts + v_ttl, now_ts + v_lease),
              idempotency.uuid_v7_at(now_ts), now_ts + v_lease, 'processing', now_ts,
-             quote_ident(me)::regrole::oid, (SELECT c.system_identifier FROM pg_control_system() c)
+             quote_ident(me)::regrole::oid, idempotency.system_identifier()
         FROM idempotency.role_secrets s
        WHERE s.owner = me AND pg_try_advisory_xact_lock(idempotency.lock_tag_of(s.secret, me, sc, k))
       ON CONFLICT (key, scope, owner) DO NOTHING
@@ -610,7 +611,7 @@ BEGIN
     IF found_row AND r.owner_oid IS NOT NULL AND r.owner_system IS NOT NULL THEN
       me_oid := coalesce(me_oid, quote_ident(me)::regrole::oid);
       IF r.owner_oid <> me_oid THEN
-        here := coalesce(here, (pg_control_system()).system_identifier);
+        here := coalesce(here, idempotency.system_identifier());
         foreign_row := r.owner_system = here;
       END IF;
     END IF;
@@ -671,7 +672,7 @@ BEGIN
 
     tok := idempotency.uuid_v7_at(now_ts);
     me_oid := coalesce(me_oid, quote_ident(me)::regrole::oid);
-    here := coalesce(here, (pg_control_system()).system_identifier);
+    here := coalesce(here, idempotency.system_identifier());
     until := now_ts + v_lease;
     expiry := greatest(now_ts + v_ttl, until);
     IF NOT found_row THEN
@@ -728,6 +729,97 @@ BEGIN
   END LOOP;
 END
 $$;
+COMMENT ON FUNCTION idempotency.claim_key_checked(text, bytea, text, interval, interval, interval) IS
+  'Internal: claim_key of any call, with every argument checked by the helpers under a pinned '
+  'search_path (claim_key answers the usual new key and replay itself).';
+
+-- claim_key pins no search_path either (1.3.2, as complete_key below): every name of this body
+-- is schema-qualified, operators and casts included, and nothing resolves through the caller's
+-- path. It answers the usual call (the defaults, no setting of this edition set: the one
+-- expression of claim_key_checked) of a new key (the look, then the key's lock and the row in
+-- one statement) and of a replay (a row of the caller, not stamped here by another role, live,
+-- completed, of no other fingerprint); anything else, or a new key not inserted (the role has
+-- no secret yet, an open claim holds the lock, a row was committed since the look), goes to
+-- claim_key_checked, which looks again and decides as before.
+CREATE OR REPLACE FUNCTION idempotency.claim_key(
+  key         pg_catalog.text,
+  fingerprint pg_catalog.bytea    DEFAULT NULL,
+  scope       pg_catalog.text     DEFAULT '',
+  ttl         pg_catalog.interval DEFAULT NULL,
+  lease       pg_catalog.interval DEFAULT NULL,
+  wait        pg_catalog.interval DEFAULT '0')
+RETURNS idempotency.claim_result
+LANGUAGE plpgsql VOLATILE SECURITY INVOKER PARALLEL UNSAFE
+AS $$
+#variable_conflict use_column
+DECLARE
+  me pg_catalog.text := CURRENT_USER;
+  now_ts pg_catalog.timestamptz;
+  r idempotency.idempotency_keys;
+  kept pg_catalog.bool;
+  claimed idempotency.claim_result;  -- the answer of the one-statement claim (other fields NULL)
+BEGIN
+  IF NOT pg_catalog.has_schema_privilege('idempotency', 'USAGE') THEN
+    RAISE EXCEPTION 'permission denied for schema idempotency' USING ERRCODE = '42501',
+      DETAIL = 'Calls reached by OID (a BEGIN ATOMIC body, a view, a kept plan) are checked too.';
+  END IF;
+  IF (claim_key.key OPERATOR(pg_catalog.<>) ''
+      AND pg_catalog.octet_length(claim_key.key) OPERATOR(pg_catalog.<=) 255
+      AND pg_catalog.octet_length(claim_key.scope) OPERATOR(pg_catalog.<=) 255
+      AND (claim_key.fingerprint IS NULL OR pg_catalog.octet_length(claim_key.fingerprint) OPERATOR(pg_catalog.<=) 64)
+      AND claim_key.ttl IS NULL AND claim_key.lease IS NULL
+      AND claim_key.wait OPERATOR(pg_catalog.=) '0'::pg_catalog.interval
+      AND pg_catalog.concat(pg_catalog.current_setting('idempotency.max_key_length', true),
+                            pg_catalog.current_setting('idempotency.max_fingerprint_size', true),
+                            pg_catalog.current_setting('idempotency.default_ttl', true),
+                            pg_catalog.current_setting('idempotency.max_ttl', true),
+                            pg_catalog.current_setting('idempotency.default_lease', true),
+                            pg_catalog.current_setting('idempotency.max_lease', true))
+          OPERATOR(pg_catalog.=) '') IS TRUE THEN
+    now_ts := pg_catalog.clock_timestamp();
+    SELECT * INTO r FROM idempotency.idempotency_keys t
+     WHERE t.key OPERATOR(pg_catalog.=) claim_key.key AND t.scope OPERATOR(pg_catalog.=) claim_key.scope
+       AND t.owner OPERATOR(pg_catalog.=) me;
+    IF NOT FOUND THEN
+      -- The default ttl (86400 s) and lease (300 s), as claim_key_checked's usual call.
+      INSERT INTO idempotency.idempotency_keys AS t
+             (owner, scope, key, fingerprint, attempts, ttl, lease, created_at, expires_at,
+              lease_token, locked_until, status, updated_at, owner_oid, owner_system)
+      SELECT me, claim_key.scope, claim_key.key, claim_key.fingerprint, 1,
+             '86400 seconds'::pg_catalog.interval, '300 seconds'::pg_catalog.interval, now_ts,
+             GREATEST(now_ts OPERATOR(pg_catalog.+) '86400 seconds'::pg_catalog.interval,
+                      now_ts OPERATOR(pg_catalog.+) '300 seconds'::pg_catalog.interval),
+             idempotency.uuid_v7_at(now_ts), now_ts OPERATOR(pg_catalog.+) '300 seconds'::pg_catalog.interval,
+             'processing', now_ts,
+             pg_catalog.quote_ident(me)::pg_catalog.regrole::pg_catalog.oid, idempotency.system_identifier()
+        FROM idempotency.role_secrets s
+       WHERE s.owner OPERATOR(pg_catalog.=) me
+         AND pg_catalog.pg_try_advisory_xact_lock(idempotency.lock_tag_of(s.secret, me, claim_key.scope, claim_key.key))
+      ON CONFLICT (key, scope, owner) DO NOTHING
+      RETURNING 'claimed', t.lease_token, t.fingerprint, t.attempts, t.created_at, t.expires_at
+           INTO claimed.status, claimed.token, claimed.fingerprint, claimed.attempts,
+                claimed.created_at, claimed.expires_at;
+      IF FOUND THEN
+        RETURN claimed;
+      END IF;
+    ELSIF r.expires_at OPERATOR(pg_catalog.>) now_ts AND r.status OPERATOR(pg_catalog.=) 'completed'
+          AND NOT (claim_key.fingerprint IS NOT NULL AND r.fingerprint IS NOT NULL
+                   AND r.fingerprint OPERATOR(pg_catalog.<>) claim_key.fingerprint)
+          AND (r.owner_oid IS NULL OR r.owner_system IS NULL
+               OR r.owner_oid OPERATOR(pg_catalog.=) pg_catalog.quote_ident(me)::pg_catalog.regrole::pg_catalog.oid
+               OR r.owner_system OPERATOR(pg_catalog.<>) idempotency.system_identifier()) THEN
+      -- A replay, no lock taken, nothing written: stored_answer('replay', r) written out.
+      kept := r.response_expires_at IS NULL OR r.response_expires_at OPERATOR(pg_catalog.>) pg_catalog.clock_timestamp();
+      RETURN ROW('replay', NULL, CASE WHEN kept THEN r.response END, r.response_code, r.fingerprint,
+                 r.recovery_point, r.attempts, r.created_at, r.expires_at, NULL,
+                 CASE WHEN kept THEN r.response_body END, CASE WHEN kept THEN r.response_headers END,
+                 NOT kept)::idempotency.claim_result;
+    END IF;
+  END IF;
+  RETURN idempotency.claim_key_checked(claim_key.key, claim_key.fingerprint, claim_key.scope,
+                                       claim_key.ttl, claim_key.lease, claim_key.wait);
+END
+$$;
 COMMENT ON FUNCTION idempotency.claim_key(text, bytea, text, interval, interval, interval) IS
   'Claims (scope, key) inside the caller''s transaction, or answers replay / mismatch / '
   'in_progress. Waits at most `wait` for a holder to finish.';
@@ -750,7 +842,7 @@ DECLARE
   issued timestamptz;
   current_at timestamptz;
   me_oid oid := quote_ident(current_user)::regrole::oid;
-  here int8 := (pg_control_system()).system_identifier;
+  here int8 := idempotency.system_identifier();
 BEGIN
   SELECT * INTO r FROM idempotency.idempotency_keys t
    WHERE t.key = key AND t.scope = scope AND t.owner = current_user AND (t.owner_oid IS NULL OR t.owner_system IS NULL OR t.owner_oid = me_oid OR t.owner_system <> here);
@@ -880,7 +972,7 @@ $$;
 COMMENT ON FUNCTION idempotency.jsonb_raw_size(jsonb) IS
   'Internal: bytes of a jsonb value uncompressed, with a 4-byte header (what max_response_size counts).';
 
-CREATE OR REPLACE FUNCTION idempotency.complete_key(
+CREATE OR REPLACE FUNCTION idempotency.complete_key_checked(
   key              pg_catalog.text,
   token            pg_catalog.uuid,
   response         pg_catalog.jsonb,
@@ -898,16 +990,17 @@ DECLARE
   me text := current_user;
   keep interval;
   longest int8;
-  k text := complete_key.key;
-  sc text := complete_key.scope;
-  tok uuid := complete_key.token;
-  resp jsonb := complete_key.response;
-  code int4 := complete_key.response_code;
-  body bytea := complete_key.response_body;
-  headers jsonb := complete_key.response_headers;
-  size_response int8 := idempotency.jsonb_raw_size(complete_key.response);
-  size_body int8 := coalesce(octet_length(complete_key.response_body) + 4, 0);
-  size_headers int8 := idempotency.jsonb_raw_size(complete_key.response_headers);
+  k text := complete_key_checked.key;
+  sc text := complete_key_checked.scope;
+  tok uuid := complete_key_checked.token;
+  resp jsonb := complete_key_checked.response;
+  code int4 := complete_key_checked.response_code;
+  body bytea := complete_key_checked.response_body;
+  headers jsonb := complete_key_checked.response_headers;
+  kept boolean;
+  size_response int8;
+  size_body int8;
+  size_headers int8;
   limit_bytes int8;
   now_ts timestamptz;
   r idempotency.idempotency_keys;
@@ -918,32 +1011,49 @@ BEGIN
     RAISE EXCEPTION 'permission denied for schema idempotency' USING ERRCODE = '42501',
       DETAIL = 'Calls reached by OID (a BEGIN ATOMIC body, a view, a kept plan) are checked too.';
   END IF;
-  PERFORM idempotency.check_name(k, sc);
-  PERFORM idempotency.check_token(tok);
-  limit_bytes := idempotency.setting_value('max_response_size', 1048576, 1, 536870911, 'B');
-  IF size_response + size_body + size_headers > limit_bytes THEN
-    RAISE EXCEPTION 'response is too large' USING ERRCODE = '54000',
-      DETAIL = format('The response has %s bytes (response %s, response_body %s, response_headers %s); idempotency.max_response_size is %s.',
-                      size_response + size_body + size_headers, size_response, size_body, size_headers, limit_bytes);
-  END IF;
-  IF headers IS NOT NULL THEN
-    PERFORM idempotency.check_headers(headers);
-  END IF;
-  -- The response's own time (a tombstone after it): positive, at most idempotency.max_ttl.
-  IF complete_key.response_ttl IS NOT NULL THEN
-    keep := idempotency.as_span(complete_key.response_ttl, 'response_ttl');
-    IF keep <= interval '0' THEN
-      RAISE EXCEPTION 'response_ttl must be positive' USING ERRCODE = '22023',
-        HINT = 'Pass NULL to keep the response as long as the key.';
+  -- The usual call (no setting of this edition set, key and scope within the default limit, a
+  -- token, no headers, no response_ttl, a response and body within the default size even
+  -- counted as the helpers count them) is checked in one expression, as claim_key's usual
+  -- call is (1.3.2): jsonb_raw_size rebuilds a small value to count its 4-byte header, and an
+  -- uncompressed value counts at most 4 bytes more than pg_column_size says. Any other call
+  -- goes through the helpers, which say what is wrong (the same SQLSTATEs).
+  IF (k <> '' AND octet_length(k) <= 255 AND octet_length(sc) <= 255 AND tok IS NOT NULL
+      AND headers IS NULL AND complete_key_checked.response_ttl IS NULL
+      AND pg_column_compression(complete_key_checked.response) IS NULL
+      AND coalesce(pg_column_size(complete_key_checked.response)::int8 + 4, 0)
+          + coalesce(octet_length(complete_key_checked.response_body)::int8 + 4, 0) <= 1048576
+      AND concat(current_setting('idempotency.max_key_length', true),
+                 current_setting('idempotency.max_response_size', true)) = '') IS NOT TRUE THEN
+    PERFORM idempotency.check_name(k, sc);
+    PERFORM idempotency.check_token(tok);
+    size_response := idempotency.jsonb_raw_size(complete_key_checked.response);
+    size_body := coalesce(octet_length(complete_key_checked.response_body) + 4, 0);
+    size_headers := idempotency.jsonb_raw_size(complete_key_checked.response_headers);
+    limit_bytes := idempotency.setting_value('max_response_size', 1048576, 1, 536870911, 'B');
+    IF size_response + size_body + size_headers > limit_bytes THEN
+      RAISE EXCEPTION 'response is too large' USING ERRCODE = '54000',
+        DETAIL = format('The response has %s bytes (response %s, response_body %s, response_headers %s); idempotency.max_response_size is %s.',
+                        size_response + size_body + size_headers, size_response, size_body, size_headers, limit_bytes);
     END IF;
-    longest := idempotency.setting_value('max_ttl', 2592000, 1, 2147483647, 's');
-    IF keep > longest * interval '1 second' THEN
-      RAISE EXCEPTION 'response_ttl exceeds idempotency.max_ttl' USING ERRCODE = '22023',
-        DETAIL = format('idempotency.max_ttl is %s s.', longest);
+    IF headers IS NOT NULL THEN
+      PERFORM idempotency.check_headers(headers);
+    END IF;
+    -- The response's own time (a tombstone after it): positive, at most idempotency.max_ttl.
+    IF complete_key_checked.response_ttl IS NOT NULL THEN
+      keep := idempotency.as_span(complete_key_checked.response_ttl, 'response_ttl');
+      IF keep <= interval '0' THEN
+        RAISE EXCEPTION 'response_ttl must be positive' USING ERRCODE = '22023',
+          HINT = 'Pass NULL to keep the response as long as the key.';
+      END IF;
+      longest := idempotency.setting_value('max_ttl', 2592000, 1, 2147483647, 's');
+      IF keep > longest * interval '1 second' THEN
+        RAISE EXCEPTION 'response_ttl exceeds idempotency.max_ttl' USING ERRCODE = '22023',
+          DETAIL = format('idempotency.max_ttl is %s s.', longest);
+      END IF;
     END IF;
   END IF;
   me_oid := quote_ident(me)::regrole::oid;
-  here := (pg_control_system()).system_identifier;
+  here := idempotency.system_identifier();
   now_ts := clock_timestamp();
   UPDATE idempotency.idempotency_keys t
      SET status = 'completed', response_code = code, updated_at = now_ts, response = resp,
@@ -965,7 +1075,88 @@ BEGIN
         USING ERRCODE = '55000';
     END IF;
   END IF;
-  RETURN idempotency.stored_answer('replay', r);
+  -- stored_answer('replay', r), written out (1.3.2): a PL/pgSQL function's call is set up again
+  -- in every transaction, and a completion is often its transaction's last call.
+  kept := r.response_expires_at IS NULL OR r.response_expires_at > clock_timestamp();
+  RETURN ROW('replay', NULL, CASE WHEN kept THEN r.response END, r.response_code, r.fingerprint,
+             r.recovery_point, r.attempts, r.created_at, r.expires_at, NULL,
+             CASE WHEN kept THEN r.response_body END, CASE WHEN kept THEN r.response_headers END,
+             NOT kept)::idempotency.claim_result;
+END
+$$;
+COMMENT ON FUNCTION idempotency.complete_key_checked(text, uuid, jsonb, integer, text, bytea, jsonb, interval) IS
+  'Internal: complete_key of any call, with every argument checked by the helpers under a pinned '
+  'search_path (complete_key answers the usual call itself).';
+
+-- complete_key pins no search_path (1.3.2): entering and leaving a function with SET costs a
+-- claim + complete transaction about 20 µs of CPU on PostgreSQL 15 (the path is switched and
+-- computed again on each entry and exit, and complete_key follows claim_key's own switch).
+-- So every name below is schema-qualified, operators and casts included, and nothing resolves
+-- through the caller's path; the usual call (as claim_key's: no setting of this edition set,
+-- key and scope within the default limit, a token, no headers, no response_ttl, a response
+-- and body under the default size even counted as the helpers count them: an uncompressed
+-- value counts at most 4 bytes more than pg_column_size) is completed here, and any other
+-- call, or one that completes no row here, goes to complete_key_checked, which pins the path,
+-- checks every argument with the helpers and says why nothing matched.
+CREATE OR REPLACE FUNCTION idempotency.complete_key(
+  key              pg_catalog.text,
+  token            pg_catalog.uuid,
+  response         pg_catalog.jsonb,
+  response_code    pg_catalog.int4  DEFAULT NULL,
+  scope            pg_catalog.text  DEFAULT '',
+  response_body    pg_catalog.bytea    DEFAULT NULL,
+  response_headers pg_catalog.jsonb    DEFAULT NULL,
+  response_ttl     pg_catalog.interval DEFAULT NULL)
+RETURNS idempotency.claim_result
+LANGUAGE plpgsql VOLATILE SECURITY INVOKER PARALLEL UNSAFE
+AS $$
+#variable_conflict use_column
+DECLARE
+  me pg_catalog.text := CURRENT_USER;
+  me_oid pg_catalog.oid;
+  now_ts pg_catalog.timestamptz;
+  r idempotency.idempotency_keys;
+BEGIN
+  IF NOT pg_catalog.has_schema_privilege('idempotency', 'USAGE') THEN
+    RAISE EXCEPTION 'permission denied for schema idempotency' USING ERRCODE = '42501',
+      DETAIL = 'Calls reached by OID (a BEGIN ATOMIC body, a view, a kept plan) are checked too.';
+  END IF;
+  IF (complete_key.key OPERATOR(pg_catalog.<>) ''
+      AND pg_catalog.octet_length(complete_key.key) OPERATOR(pg_catalog.<=) 255
+      AND pg_catalog.octet_length(complete_key.scope) OPERATOR(pg_catalog.<=) 255
+      AND complete_key.token IS NOT NULL
+      AND complete_key.response_headers IS NULL AND complete_key.response_ttl IS NULL
+      AND pg_catalog.pg_column_compression(complete_key.response) IS NULL
+      AND COALESCE(pg_catalog.pg_column_size(complete_key.response)::pg_catalog.int8 OPERATOR(pg_catalog.+) 4, 0)
+          OPERATOR(pg_catalog.+) COALESCE(pg_catalog.octet_length(complete_key.response_body)::pg_catalog.int8 OPERATOR(pg_catalog.+) 4, 0)
+          OPERATOR(pg_catalog.<=) 1048576
+      AND pg_catalog.concat(pg_catalog.current_setting('idempotency.max_key_length', true),
+                            pg_catalog.current_setting('idempotency.max_response_size', true))
+          OPERATOR(pg_catalog.=) '') IS TRUE THEN
+    me_oid := pg_catalog.quote_ident(me)::pg_catalog.regrole::pg_catalog.oid;
+    now_ts := pg_catalog.clock_timestamp();
+    UPDATE idempotency.idempotency_keys t
+       SET status = 'completed', response_code = complete_key.response_code, updated_at = now_ts,
+           response = complete_key.response, expires_at = now_ts OPERATOR(pg_catalog.+) t.ttl,
+           response_body = complete_key.response_body, response_headers = NULL,
+           response_expires_at = NULL, owner_oid = me_oid, owner_system = idempotency.system_identifier()
+     WHERE t.key OPERATOR(pg_catalog.=) complete_key.key AND t.scope OPERATOR(pg_catalog.=) complete_key.scope
+       AND t.lease_token OPERATOR(pg_catalog.=) complete_key.token AND t.owner OPERATOR(pg_catalog.=) me
+       AND t.status OPERATOR(pg_catalog.=) 'processing' AND t.expires_at OPERATOR(pg_catalog.>) now_ts
+       AND (t.owner_oid IS NULL OR t.owner_system IS NULL OR t.owner_oid OPERATOR(pg_catalog.=) me_oid
+            OR t.owner_system OPERATOR(pg_catalog.<>) idempotency.system_identifier())
+    RETURNING * INTO r;
+    IF FOUND THEN
+      -- stored_answer('replay', r): the response was just stored, for as long as the key.
+      RETURN ROW('replay', NULL, r.response, r.response_code, r.fingerprint, r.recovery_point,
+                 r.attempts, r.created_at, r.expires_at, NULL, r.response_body, r.response_headers,
+                 false)::idempotency.claim_result;
+    END IF;
+  END IF;
+  RETURN idempotency.complete_key_checked(complete_key.key, complete_key.token, complete_key.response,
+                                          complete_key.response_code, complete_key.scope,
+                                          complete_key.response_body, complete_key.response_headers,
+                                          complete_key.response_ttl);
 END
 $$;
 COMMENT ON FUNCTION idempotency.complete_key(text, uuid, jsonb, integer, text, bytea, jsonb, interval) IS
@@ -998,7 +1189,7 @@ BEGIN
   PERFORM idempotency.check_name(k, sc);
   PERFORM idempotency.check_token(tok);
   me_oid := quote_ident(current_user)::regrole::oid;
-  here := (pg_control_system()).system_identifier;
+  here := idempotency.system_identifier();
   now_ts := clock_timestamp();
   UPDATE idempotency.idempotency_keys t
      SET lease_token = NULL, locked_until = NULL, updated_at = now_ts, owner_oid = me_oid, owner_system = here
@@ -1051,7 +1242,7 @@ BEGIN
     v_lease := idempotency.checked_interval(checkpoint_key.lease, 'lease');
   END IF;
   me_oid := quote_ident(current_user)::regrole::oid;
-  here := (pg_control_system()).system_identifier;
+  here := idempotency.system_identifier();
   now_ts := clock_timestamp();
   IF v_lease IS NULL THEN
     SELECT t.lease INTO v_lease FROM idempotency.idempotency_keys t
@@ -1164,7 +1355,7 @@ BEGIN
     PERFORM idempotency.check_size(octet_length(fp), 'fingerprint', 'max_fingerprint_size', 64, 1024);
   END IF;
   me_oid := quote_ident(me)::regrole::oid;
-  here := (pg_control_system()).system_identifier;
+  here := idempotency.system_identifier();
   now_ts := clock_timestamp();
   -- A row of the caller's name stamped here by another role (an earlier role of this name) is
   -- absent for the caller, as for claim_key.
@@ -1260,7 +1451,7 @@ BEGIN
   -- A row of an earlier role of the caller's name is no key of the caller's.
   IF r.owner_oid IS NOT NULL AND r.owner_system IS NOT NULL
      AND r.owner_oid <> quote_ident(me)::regrole::oid
-     AND r.owner_system = (pg_control_system()).system_identifier THEN
+     AND r.owner_system = idempotency.system_identifier() THEN
     RETURN false;
   END IF;
   expired := r.expires_at <= now_ts;

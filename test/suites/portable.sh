@@ -36,6 +36,7 @@ idem_is_root && chown postgres: "$DIR"
 bash "$GEN" psql >"$DIR/current.sql"
 bash "$GEN" psql 1.2.0 >"$DIR/v1.2.0.sql"
 bash "$GEN" psql 1.3.0 >"$DIR/v1.3.0.sql"
+bash "$GEN" psql 1.3.1 >"$DIR/v1.3.1.sql"
 chmod 644 "$DIR"/*.sql
 
 # pg_cron must be preloaded, and names the database its jobs run in. A server built from
@@ -60,7 +61,7 @@ q -c "CREATE ROLE shop_owner LOGIN" -c "CREATE ROLE app_a LOGIN" -c "CREATE ROLE
 expect "the installing role is not a superuser" "$(q -d shop -c "SELECT rolsuper FROM pg_roles WHERE rolname = 'shop_owner'")" "f"
 out="$(as_pg psql -X -q -v ON_ERROR_STOP=1 -U shop_owner -d shop -f "$DIR/current.sql" 2>&1)"
 expect "psql -f by the database owner installs the portable edition" "$?:$out" "0:"
-expect "the edition and its version" "$(q -d shop -c "SELECT name || ' ' || version FROM idempotency.edition")" "portable 1.3.1"
+expect "the edition and its version" "$(q -d shop -c "SELECT name || ' ' || version FROM idempotency.edition")" "portable 1.3.2"
 expect "the C++ library is not loaded" "$(q -d shop -c "SELECT count(*) FROM pg_extension WHERE extname = 'idempotency'")" "0"
 expect "every object belongs to the installing role" \
   "$(q -d shop -c "SELECT count(*) FROM pg_class WHERE relnamespace = 'idempotency'::regnamespace AND relowner <> 'shop_owner'::regrole")" "0"
@@ -79,6 +80,27 @@ expect "app_b sees only its own rows" "$(q -U app_b -d shop -c "SELECT string_ag
 expect "app_b cannot write a row in app_a's name (42501)" \
   "$(q -U app_b -d shop -c "INSERT INTO idempotency.idempotency_keys (owner, key, ttl, lease, created_at, expires_at, updated_at) VALUES ('app_a', 'x', '1h', '1h', now(), now() + '1h', now())" | grep -o 'violates row-level security policy')" \
   "violates row-level security policy"
+# Direct writes over a bound: every stored value is held to the C++ edition's largest settings
+# (the policy's WITH CHECK from 1.3.2), for an insert and an update, and nothing is written.
+direct_insert() { # KEY [COLUMN VALUE]
+  printf "INSERT INTO idempotency.idempotency_keys (owner, key, ttl, lease, created_at, expires_at, updated_at%s) VALUES ('app_b', %s, '1h', '1h', now(), now() + '1h', now()%s)" \
+    "${2:+, $2}" "$1" "${3:+, $3}"
+}
+for bad in "repeat('k', 1025)||" "''||" "'s'|scope|repeat('s', 1025)" "'f'|fingerprint|decode(repeat('ab', 1025), 'hex')" \
+  "'r'|recovery_point|repeat('r', 1048577)" "'a'|attempts|0"; do
+  IFS='|' read -r key column value <<<"$bad"
+  expect "direct writes over a bound: app_b's insert of ${column:-key} ${value:-$key} is refused (42501)" \
+    "$(q -U app_b -d shop -c "$(direct_insert "$key" "$column" "$value")" | grep -o 'violates row-level security policy')" \
+    "violates row-level security policy"
+done
+expect "direct writes over a bound: the largest values are admitted" \
+  "$(q -U app_b -d shop -c "$(direct_insert "repeat('k', 1024)" "scope, fingerprint, recovery_point" "repeat('s', 1024), decode(repeat('ab', 1024), 'hex'), repeat('r', 1048576)")")" ""
+expect "direct writes over a bound: app_b's update of attempts to 0 is refused (42501)" \
+  "$(q -U app_b -d shop -c "UPDATE idempotency.idempotency_keys SET attempts = 0 WHERE key = repeat('k', 1024)" | grep -o 'violates row-level security policy')" \
+  "violates row-level security policy"
+expect "direct writes over a bound: nothing of the refused writes was stored" \
+  "$(q -U app_b -d shop -c "SELECT count(*) || ' ' || min(attempts) FROM idempotency.idempotency_keys WHERE key <> 'order-1'")" "1 1"
+q -U app_b -d shop -c "DELETE FROM idempotency.idempotency_keys WHERE key <> 'order-1'" >/dev/null
 expect "app_b cannot change app_a's key" \
   "$(q -U app_b -d shop -c "UPDATE idempotency.idempotency_keys SET response = '{}' WHERE owner = 'app_a'; SELECT 'done'")" "done"
 expect "and app_a's key kept its response" "$(q -U app_a -d shop -c "SELECT response FROM idempotency.claim_key('order-1', idempotency.request_fingerprint('{\"amount\": 100}'::jsonb))")" '{"id": 1}'
@@ -88,6 +110,25 @@ expect "app_b cannot run the cleanup (42501)" \
   "permission denied for function idempotency_cleanup"
 expect "app_b cannot truncate the table (42501)" \
   "$(q -U app_b -d shop -c "TRUNCATE idempotency.idempotency_keys" | grep -o 'permission denied')" "permission denied"
+# claim_key and complete_key pin no search_path on their usual calls (1.3.2): operators of the
+# caller's own schema, first on its path, must not be what they compare with (a key would
+# match any key, a token any token).
+q -d shop -c "CREATE SCHEMA evil AUTHORIZATION app_a" >/dev/null
+q -U app_a -d shop -c "CREATE FUNCTION evil.always(uuid, uuid) RETURNS bool LANGUAGE sql AS 'SELECT true'" \
+  -c "CREATE OPERATOR evil.= (LEFTARG = uuid, RIGHTARG = uuid, FUNCTION = evil.always)" \
+  -c "CREATE FUNCTION evil.always(text, text) RETURNS bool LANGUAGE sql AS 'SELECT true'" \
+  -c "CREATE OPERATOR evil.= (LEFTARG = text, RIGHTARG = text, FUNCTION = evil.always)" \
+  -c "CREATE FUNCTION evil.octet_length(text) RETURNS int LANGUAGE sql AS 'SELECT 1'" >/dev/null
+expect "a caller's own operators on its search_path: complete_key still refuses a token never issued (55000)" \
+  "$(q -U app_a -d shop -c "SET search_path = evil, pg_catalog" -c "SELECT idempotency.claim_key('evil-path')" -c "SELECT idempotency.complete_key('evil-path', gen_random_uuid(), '{}')" 2>&1 | grep -o 'token does not hold idempotency key')" \
+  "token does not hold idempotency key"
+expect "a caller's own operators on its search_path: claim_key of a new key still claims it (no other key replayed)" \
+  "$(q -U app_a -d shop -c "SET search_path = evil, pg_catalog" -c "SELECT status FROM idempotency.claim_key('evil-new')")" "claimed"
+expect "a caller's own functions on its search_path: complete_key still measures the key (22001)" \
+  "$(q -U app_a -d shop -c "SET search_path = evil, pg_catalog" -c "SELECT idempotency.complete_key(repeat('k', 300), gen_random_uuid(), '{}')" 2>&1 | grep -o 'idempotency key is too long')" \
+  "idempotency key is too long"
+q -d shop -c "DROP SCHEMA evil CASCADE" >/dev/null
+q -U app_a -d shop -c "DELETE FROM idempotency.idempotency_keys WHERE key IN ('evil-path', 'evil-new')" >/dev/null
 expect "a bad setting is refused at the call (22023)" \
   "$(q -U app_a -d shop -c "SET idempotency.default_ttl = '-5'" -c "SELECT idempotency.claim_key('bad-setting')" | grep -o 'invalid value for parameter "idempotency.default_ttl"')" \
   'invalid value for parameter "idempotency.default_ttl"'
@@ -120,7 +161,7 @@ q -U upd_gone -d upd -c "SELECT idempotency.claim_key('gone-key')" >/dev/null
 q -U shop_owner -d upd -c "REVOKE USAGE ON SCHEMA idempotency FROM upd_gone" >/dev/null
 q -c "DROP ROLE upd_gone" >/dev/null
 out="$(as_pg psql -X -q -v ON_ERROR_STOP=1 -U shop_owner -d upd -f "$DIR/current.sql" 2>&1)"
-expect "the current script updates it in place" "$?:$(q -d upd -c "SELECT version FROM idempotency.edition")" "0:1.3.1"
+expect "the current script updates it in place" "$?:$(q -d upd -c "SELECT version FROM idempotency.edition")" "0:1.3.2"
 expect "the key survives the update and replays" "$(q -U app_a -d upd -c "SELECT status || ' ' || response::text FROM idempotency.claim_key('kept')")" 'replay {"kept": true}'
 expect "the update stamped the key with its role's OID and this cluster" \
   "$(q -d upd -c "SELECT owner_oid = 'app_a'::regrole AND owner_system = (SELECT system_identifier FROM pg_control_system()) FROM idempotency.idempotency_keys WHERE key = 'kept'")" "t"
@@ -128,7 +169,7 @@ expect "the update deleted the key of the dropped role" \
   "$(q -d upd -c "SELECT count(*) FROM idempotency.idempotency_keys WHERE owner = 'upd_gone'")" "0"
 expect "the update brought the key counts" "$(q -d upd -c "SELECT completed FROM idempotency_monitor.key_counts")" "1"
 out="$(as_pg psql -X -q -v ON_ERROR_STOP=1 -U shop_owner -d upd -f "$DIR/current.sql" 2>&1)"
-expect "running the current script again changes nothing" "$?:$(q -d upd -c "SELECT version || ' ' || (SELECT count(*) FROM idempotency.idempotency_keys) FROM idempotency.edition")" "0:1.3.1 1"
+expect "running the current script again changes nothing" "$?:$(q -d upd -c "SELECT version || ' ' || (SELECT count(*) FROM idempotency.idempotency_keys) FROM idempotency.edition")" "0:1.3.2 1"
 
 # From 1.3.0 (no life-cycle functions yet) with keys in every state: a completed key, a claim
 # whose holder completes it after the update (with the token it got before), a released one.
@@ -143,7 +184,7 @@ tok="$(q -U app_a -d upd13 -c "SELECT token FROM idempotency.claim_key('released
 q -U app_a -d upd13 -c "SELECT idempotency.release_key('released', '$tok')" >/dev/null
 expect "1.3.0 has no look_key" "$(q -U app_a -d upd13 -c "SELECT to_regproc('idempotency.look_key') IS NULL")" "t"
 out="$(as_pg psql -X -q -v ON_ERROR_STOP=1 -U shop_owner -d upd13 -f "$DIR/current.sql" 2>&1)"
-expect "the current script updates 1.3.0 in place" "$?:$out:$(q -d upd13 -c "SELECT version FROM idempotency.edition")" "0::1.3.1"
+expect "the current script updates 1.3.0 in place" "$?:$out:$(q -d upd13 -c "SELECT version FROM idempotency.edition")" "0::1.3.2"
 expect "after the update: the completed key replays, with response_dropped false" \
   "$(q -U app_a -d upd13 -c "SELECT status || ' ' || response::text || ' ' || response_code || ' ' || response_dropped FROM idempotency.claim_key('done', '\\x01'::bytea)")" \
   'replay {"done": 1} 201 false'
@@ -162,7 +203,31 @@ expect "after the update: forget_key forgets the released key, and the next clai
 claimed"
 out="$(as_pg psql -X -q -v ON_ERROR_STOP=1 -U shop_owner -d upd13 -f "$DIR/current.sql" 2>&1)"
 expect "running the current script again on the updated 1.3.0 changes nothing" \
-  "$?:$out:$(q -d upd13 -c "SELECT version || ' ' || (SELECT count(*) FROM idempotency.idempotency_keys) FROM idempotency.edition")" "0::1.3.1 3"
+  "$?:$out:$(q -d upd13 -c "SELECT version || ' ' || (SELECT count(*) FROM idempotency.idempotency_keys) FROM idempotency.edition")" "0::1.3.2 3"
+
+# From 1.3.1 (the bounds in a CHECK constraint, the cluster read at every call) with keys in
+# place: a completed key, and a claim whose holder completes it after the update.
+q -c "CREATE DATABASE upd131 OWNER shop_owner" >/dev/null
+out="$(as_pg psql -X -q -v ON_ERROR_STOP=1 -U shop_owner -d upd131 -f "$DIR/v1.3.1.sql" 2>&1)"
+expect "version 1.3.1 installs" "$?:$(q -d upd131 -c "SELECT version FROM idempotency.edition")" "0:1.3.1"
+q -U shop_owner -d upd131 -c "GRANT USAGE ON SCHEMA idempotency TO app_a" >/dev/null
+tok="$(q -U app_a -d upd131 -c "SELECT token FROM idempotency.claim_key('done', '\\x01'::bytea)")"
+q -U app_a -d upd131 -c "SELECT idempotency.complete_key('done', '$tok', '{\"done\": 1}', 201)" >/dev/null
+held="$(q -U app_a -d upd131 -c "SELECT token FROM idempotency.claim_key('held', lease => '1 hour')")"
+out="$(as_pg psql -X -q -v ON_ERROR_STOP=1 -U shop_owner -d upd131 -f "$DIR/current.sql" 2>&1)"
+expect "the current script updates 1.3.1 in place" "$?:$out:$(q -d upd131 -c "SELECT version FROM idempotency.edition")" "0::1.3.2"
+expect "after the update from 1.3.1: the completed key replays" \
+  "$(q -U app_a -d upd131 -c "SELECT status || ' ' || response::text || ' ' || response_code FROM idempotency.claim_key('done', '\\x01'::bytea)")" \
+  'replay {"done": 1} 201'
+expect "after the update from 1.3.1: the holder completes with its token of before" \
+  "$(q -U app_a -d upd131 -c "SELECT status FROM idempotency.complete_key('held', '$held', '{\"held\": 1}')")" "replay"
+expect "after the update from 1.3.1: the bounds are the policy's, no CHECK constraint is left" \
+  "$(q -d upd131 -c "SELECT count(*) FROM pg_constraint WHERE conrelid = 'idempotency.idempotency_keys'::regclass AND contype = 'c'")" "0"
+expect "after the update from 1.3.1: a direct write over a bound is refused (42501)" \
+  "$(q -U app_a -d upd131 -c "UPDATE idempotency.idempotency_keys SET key = repeat('k', 1025) WHERE key = 'held'" | grep -o 'violates row-level security policy')" \
+  "violates row-level security policy"
+expect "after the update from 1.3.1: the stamp of a new claim is this cluster's" \
+  "$(q -U app_a -d upd131 -c "SELECT idempotency.claim_key('new')" >/dev/null; q -d upd131 -c "SELECT owner_oid = 'app_a'::regrole AND owner_system = (SELECT system_identifier FROM pg_control_system()) FROM idempotency.idempotency_keys WHERE key = 'new'")" "t"
 
 # --- 3. keys move between the editions -------------------------------------------------
 q -c "CREATE DATABASE cpp" -c "CREATE DATABASE back OWNER shop_owner" >/dev/null

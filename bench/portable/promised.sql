@@ -1,0 +1,117 @@
+-- A hand-written claim that keeps three promises of the portable edition, written as plainly as
+-- checked.sql (issue #36, the last column of docs/benchmarks.md's "Portable edition" table):
+--   - a duplicate of a claim still open answers in_progress at once instead of waiting on the
+--     unique index for the claim's transaction: the key's advisory lock is tried first;
+--   - keys per role by row-level security (a role reads and writes only rows of its name);
+--   - bounded values, also in a role's direct writes: a CHECK constraint, as a user would
+--     write them (the same ceilings as the portable edition's).
+-- It keeps none of the others (no stamp of the role's OID and cluster, no secret in the lock
+-- tag, a replay locks the row, no settings read). Run by bench/portable.sh after setup.sql and
+-- checked.sql, in the database of pl_keys, as the superuser.
+
+CREATE TABLE plp_keys (LIKE pl_keys INCLUDING ALL) WITH (fillfactor = 90);
+ALTER TABLE plp_keys ADD CONSTRAINT plp_keys_bounded CHECK (
+  octet_length(key) BETWEEN 1 AND 1024 AND octet_length(scope) <= 1024
+  AND (fingerprint IS NULL OR octet_length(fingerprint) <= 1024)
+  AND (recovery_point IS NULL OR octet_length(recovery_point) <= 1048576)
+  AND coalesce(pg_column_size(response), 0) <= 536870911 AND attempts >= 1);
+INSERT INTO plp_keys SELECT * FROM pl_keys;
+ALTER TABLE plp_keys ENABLE ROW LEVEL SECURITY;
+CREATE POLICY own_keys ON plp_keys USING (owner = current_user) WITH CHECK (owner = current_user);
+
+CREATE FUNCTION plp_claim(p_key text, p_fingerprint bytea DEFAULT NULL, p_scope text DEFAULT '',
+                          p_ttl interval DEFAULT '24 hours', p_lease interval DEFAULT '5 minutes',
+                          OUT status text, OUT token uuid, OUT response jsonb,
+                          OUT response_code integer)
+LANGUAGE plpgsql AS $$
+DECLARE
+  r plp_keys%ROWTYPE;
+BEGIN
+  IF p_key IS NULL OR p_scope IS NULL THEN
+    RAISE EXCEPTION 'key and scope must not be null' USING ERRCODE = '22004';
+  END IF;
+  IF p_key = '' THEN
+    RAISE EXCEPTION 'key must not be empty' USING ERRCODE = '22023';
+  END IF;
+  IF octet_length(p_key) > 255 OR octet_length(p_scope) > 255 OR octet_length(p_fingerprint) > 64 THEN
+    RAISE EXCEPTION 'key, scope or fingerprint is too long' USING ERRCODE = '22001';
+  END IF;
+  IF p_ttl <= interval '0' OR p_ttl > interval '30 days' OR p_lease <= interval '0' OR p_lease > interval '1 day' THEN
+    RAISE EXCEPTION 'ttl or lease out of range' USING ERRCODE = '22023';
+  END IF;
+
+  -- A claim in a transaction still open holds the key's lock: answer at once.
+  IF NOT pg_try_advisory_xact_lock(hashtextextended(current_user || '/' || p_scope || '/' || p_key, 0)) THEN
+    status := 'in_progress';
+    RETURN;
+  END IF;
+  token := gen_random_uuid();
+  INSERT INTO plp_keys (owner, scope, key, fingerprint, ttl, lease, created_at, expires_at,
+                        lease_token, locked_until, updated_at)
+  VALUES (current_user, p_scope, p_key, p_fingerprint, p_ttl, p_lease, now(),
+          now() + p_ttl, token, now() + p_lease, now())
+  ON CONFLICT (owner, scope, key) DO NOTHING;
+  IF FOUND THEN
+    status := 'claimed';
+    RETURN;
+  END IF;
+
+  SELECT * INTO r FROM plp_keys
+   WHERE owner = current_user AND scope = p_scope AND key = p_key FOR UPDATE;
+  IF r.expires_at <= now() THEN
+    UPDATE plp_keys SET fingerprint = p_fingerprint, attempts = 1, ttl = p_ttl, lease = p_lease,
+                        created_at = now(), expires_at = now() + p_ttl, lease_token = token,
+                        locked_until = now() + p_lease, recovery_point = NULL,
+                        status = 'processing', response = NULL, response_code = NULL,
+                        updated_at = now()
+     WHERE owner = current_user AND scope = p_scope AND key = p_key;
+    status := 'claimed';
+    RETURN;
+  END IF;
+  IF p_fingerprint IS NOT NULL AND r.fingerprint IS NOT NULL AND r.fingerprint <> p_fingerprint THEN
+    status := 'mismatch';
+    token := NULL;
+    RETURN;
+  END IF;
+  IF r.status = 'completed' THEN
+    status := 'replay';
+    token := NULL;
+    response := r.response;
+    response_code := r.response_code;
+    RETURN;
+  END IF;
+  IF r.lease_token IS NOT NULL AND r.locked_until > now() THEN
+    status := 'in_progress';
+    token := NULL;
+    RETURN;
+  END IF;
+  UPDATE plp_keys SET attempts = attempts + 1, lease_token = token, ttl = p_ttl, lease = p_lease,
+                      locked_until = now() + p_lease, expires_at = now() + p_ttl,
+                      updated_at = now()
+   WHERE owner = current_user AND scope = p_scope AND key = p_key;
+  status := 'reclaimed';
+END
+$$;
+
+CREATE FUNCTION plp_complete(p_key text, p_token uuid, p_response jsonb,
+                             p_response_code integer DEFAULT NULL, p_scope text DEFAULT '')
+RETURNS text
+LANGUAGE plpgsql AS $$
+BEGIN
+  IF p_key IS NULL OR p_scope IS NULL OR p_token IS NULL THEN
+    RAISE EXCEPTION 'key, scope and token must not be null' USING ERRCODE = '22004';
+  END IF;
+  IF pg_column_size(p_response) > 1048576 THEN
+    RAISE EXCEPTION 'response is too large' USING ERRCODE = '54000';
+  END IF;
+  UPDATE plp_keys SET status = 'completed', response = p_response,
+                      response_code = p_response_code, updated_at = now(),
+                      expires_at = now() + ttl
+   WHERE owner = current_user AND scope = p_scope AND key = p_key AND lease_token = p_token
+     AND status = 'processing';
+  IF NOT FOUND THEN
+    RAISE EXCEPTION 'token does not hold key %', p_key USING ERRCODE = '55000';
+  END IF;
+  RETURN 'replay';
+END
+$$;
