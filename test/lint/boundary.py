@@ -65,6 +65,7 @@ numeric_normalize JsonbIteratorInit JsonbIteratorNext compareJsonbContainers
 quote_qualified_identifier pg_cryptohash_create RegisterDynamicBackgroundWorker
 BackgroundWorkerInitializeConnection BackgroundWorkerInitializeConnectionByOid
 DefineCustomIntVariable DefineCustomBoolVariable DefineCustomStringVariable MarkGUCPrefixReserved
+fmgr_info
 """.split()
 CALL = re.compile(r"\b(" + "|".join(map(re.escape, RAISING)) + r")\s*\(")
 
@@ -79,7 +80,7 @@ NOT_YET_IN_LAYER = {
     "src/installation_check.cpp",
     "src/installation_check_schema.cpp",
     "src/installation_check_tables.cpp", "src/key_heap.cpp", "src/key_heap_scan.hpp",
-    "src/key_heap_write.cpp", "src/key_layout.cpp", "src/key_row.hpp",
+    "src/key_heap_write.cpp",
     "src/sha256.hpp",
 }
 # (file, function): called by PostgreSQL itself, calling it directly where no wrapper can
@@ -100,6 +101,22 @@ PG_FRAMES = {
     ("src/worker_session.cpp", "prepare_settings"),  # a worker's main, before its C++ objects
     ("src/worker_session.cpp", "undo_database_settings"),  # a worker's main, likewise
     ("src/cleanup_worker.cpp", "database_main"),  # the database worker's main
+    # The key table's layout (key_layout.cpp): its cache is forgotten by PostgreSQL's callbacks,
+    # and read in one step that runs whole under pg::storage::read_layout (a relcache
+    # invalidation arriving meanwhile restarts the whole step, so it is one pg_call, not one
+    # per catalog read).
+    ("src/key_layout.cpp", "release_at_transaction_end"),  # a transaction callback
+    ("src/key_layout.cpp", "forget_layout"),  # a relcache invalidation callback
+    ("src/key_layout.cpp", "forget_labels"),  # a syscache invalidation callback
+    ("src/key_layout.cpp", "release_insert_states"),  # under those callbacks, and the read
+    ("src/key_layout.cpp", "read_into_cache"),  # the read, under pg::storage::read_layout
+    ("src/key_layout.cpp", "read_layout"),  # under read_into_cache
+    ("src/key_layout.cpp", "read_columns"),  # under read_layout
+    ("src/key_layout.cpp", "read_indexes"),  # under read_layout
+    ("src/key_layout.cpp", "is_expiry_bucket_index"),  # under read_indexes
+    ("src/key_layout.cpp", "is_expiry_bucket_key"),  # under read_indexes, and the cleanup's
+    ("src/key_layout.cpp", "insert_states_context"),  # under a BRIN insert (key_heap_write)
+    ("src/result_scan.cpp", "is_ours"),  # under the planner hook (fmgr_info, now in RAISING)
 }
 
 # C++ types whose objects have destructors, as a pg_call callable or a pg-frame function would
