@@ -79,8 +79,7 @@ NOT_YET_IN_LAYER = {
     "src/cleanup_statements.cpp", "src/cleanup_throttle.cpp",
     "src/installation_check.cpp",
     "src/installation_check_schema.cpp",
-    "src/installation_check_tables.cpp", "src/key_heap.cpp", "src/key_heap_scan.hpp",
-    "src/key_heap_write.cpp",
+    "src/installation_check_tables.cpp",
     "src/sha256.hpp",
 }
 # (file, function): called by PostgreSQL itself, calling it directly where no wrapper can
@@ -116,6 +115,21 @@ PG_FRAMES = {
     ("src/key_layout.cpp", "is_expiry_bucket_index"),  # under read_indexes
     ("src/key_layout.cpp", "is_expiry_bucket_key"),  # under read_indexes, and the cleanup's
     ("src/key_layout.cpp", "insert_states_context"),  # under a BRIN insert (key_heap_write)
+    # The direct path's reads and writes (key_heap*.cpp): each step runs whole under one
+    # wrapper of src/pg/storage.hpp (one pg_call a step, as before the layer: the claim path's
+    # instruction count stays; the speculative insertion's lock and super-delete stay in one
+    # frame), and insert_brin_entry keeps its own PG_TRY to switch the resource owner back.
+    ("src/key_heap.cpp", "probe"),  # under read_step and insert_step
+    ("src/key_heap.cpp", "snapshot_of"),  # under the steps
+    ("src/key_heap.cpp", "serialization_conflict"),  # under read_step and insert_step
+    ("src/key_heap.cpp", "read_step"),  # under pg::storage::read_key
+    ("src/key_heap_write.cpp", "insert_step"),  # under pg::storage::insert_claim
+    ("src/key_heap_write.cpp", "update_step"),  # under pg::storage::update_claimed_row
+    ("src/key_heap_write.cpp", "insert_index_entries"),  # under insert_step, add_index_entries
+    ("src/key_heap_write.cpp", "insert_brin_entry"),  # under insert_index_entries (PG_TRY)
+    ("src/key_heap_write.cpp", "probe_dirty"),  # under insert_step
+    ("src/key_heap_write.cpp", "same_text"),  # under update_step, through holds
+    ("src/key_heap_write.cpp", "holds"),  # under update_step
     ("src/result_scan.cpp", "is_ours"),  # under the planner hook (fmgr_info, now in RAISING)
 }
 
