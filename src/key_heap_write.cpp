@@ -109,6 +109,22 @@ bool insert_index_entries(Relation table, const OpenTable& open, Datum* values, 
   return unique;
 }
 
+// After a HOT update that changed a column only summarizing indexes cover (16+): does every
+// such index already hold the new version's key? The expiry index's key is the expiry's
+// minute, and a HOT update leaves the new version in the old one's block, whose range's
+// summary holds the old version's minute (its insert put it there, or a summarization read
+// it: summaries only widen). An unchanged minute then needs no entry; the executor, which
+// compares columns and not keys, would add one that changes nothing.
+#if PG_VERSION_NUM >= 160000
+bool summaries_hold(TimestampTz old_expiry, TimestampTz new_expiry) {
+  const key_layout::Layout& layout = key_layout::current();
+  if (key_layout::expiry_bucket(old_expiry) != key_layout::expiry_bucket(new_expiry)) return false;
+  for (int i = 0; i < layout.index_count; ++i)
+    if (is_summarizing(layout.index_info[i]) && !layout.on_expiry_bucket[i]) return false;
+  return true;
+}
+#endif
+
 // The table's current file (its relfilenode).
 Oid file_of(Relation table) {
 #if PG_VERSION_NUM >= 160000
@@ -328,6 +344,10 @@ std::optional<KeyRow> complete(OpenTable& open, const key_store::RowAddress& whe
     // Read::kSelf: the version this transaction sees now; an updated or deleted one is not.
     if (!heap_fetch(table, snapshot_of(Read::kSelf, nullptr), &old, &buffer, false)) return false;
     heap_deform_tuple(&old, desc, values, nulls);
+#if PG_VERSION_NUM >= 160000
+    const int expiry_column = key_layout::current().attnum[kExpiresAt] - 1;
+    const TimestampTz old_expiry = DatumGetTimestampTz(values[expiry_column]);
+#endif
     if (!holds(values, nulls, token, owner, scope, key, now)) {
       ReleaseBuffer(buffer);
       return false;
@@ -343,7 +363,10 @@ std::optional<KeyRow> complete(OpenTable& open, const key_store::RowAddress& whe
     TU_UpdateIndexes update_indexes = TU_All;
     simple_heap_update(table, &old.t_self, tuple, &update_indexes);
     any_entries = update_indexes != TU_None;
-    if (update_indexes == TU_Summarizing) new_entries = Indexes::kSummarizing;
+    if (update_indexes == TU_Summarizing) {
+      new_entries = Indexes::kSummarizing;
+      any_entries = !summaries_hold(old_expiry, DatumGetTimestampTz(values[expiry_column]));
+    }
 #else
     simple_heap_update(table, &old.t_self, tuple);
     any_entries = !HeapTupleIsHeapOnly(tuple);
