@@ -15,4 +15,29 @@ inline bool open_other(TransactionId xid) {
   });
 }
 
+// Refuses a command that writes, named `command` in the error, where a DELETE of the caller's
+// would be refused: 25006 in a read-only transaction or during recovery. Allocates nothing.
+inline void refuse_if_read_only(const char* command) {
+  pg_call([&] {
+    PreventCommandIfReadOnly(command);
+    PreventCommandDuringRecovery(command);
+  });
+}
+// How many backends of this database hold a snapshot, not counting this one, autovacuum's
+// workers and vacuums (maintenance that paces itself), nor the backend of pid `requester` (0:
+// none). Raises (out of memory). Allocates nothing that outlives the call.
+inline int other_snapshots(pid_t requester) {
+  return pg_call([&] {
+    int count = 0;
+    VirtualTransactionId* snapshots = GetCurrentVirtualXIDs(
+        InvalidTransactionId, true, false, PROC_IS_AUTOVACUUM | PROC_IN_VACUUM, &count);
+    pfree(snapshots);
+    if (count > 0 && requester != 0) {
+      const PGPROC* proc = BackendPidGetProc(requester);
+      if (proc != nullptr && TransactionIdIsValid(proc->xmin)) --count;
+    }
+    return count;
+  });
+}
+
 }  // namespace idem::pg::transactions
