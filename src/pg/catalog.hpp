@@ -25,6 +25,11 @@ inline Oid column_type(Oid relation, const char* column) {
 inline bool has_column(Oid relation, const char* column) {
   return pg_call([&] { return get_attnum(relation, column) != InvalidAttrNumber; });
 }
+// The relation `name` in `schema`, InvalidOid when there is none. Raises (a syscache
+// failure). Allocates nothing.
+inline Oid relation_id(const char* name, Oid schema) {
+  return pg_call([&] { return get_relname_relid(name, schema); });
+}
 // Registers `callback` for invalidations of the syscache `cache`. Raises when too many
 // callbacks are registered. Allocates nothing (a static array).
 inline void on_syscache_change(int cache, SyscacheCallbackFunction callback) {

@@ -11,6 +11,10 @@ template <typename T>
 T* allocate() {
   return pg_call([] { return static_cast<T*>(palloc(sizeof(T))); });
 }
+// `size` uninitialised bytes in the current memory context. Raises (out of memory).
+inline void* allocate_bytes(Size size) {
+  return pg_call([&] { return palloc(size); });
+}
 // A memory context named `name` (a string constant: the context keeps the pointer) under
 // `parent` (AllocSet, default sizes). Raises (out of memory). Allocates its header in `parent`.
 inline MemoryContext new_context(MemoryContext parent, const char* name) {
