@@ -30,6 +30,43 @@ inline bool has_column(Oid relation, const char* column) {
 inline Oid relation_id(const char* name, Oid schema) {
   return pg_call([&] { return get_relname_relid(name, schema); });
 }
+// Has `relation` a valid B-Tree whose first key column is `column`? Raises (a relation
+// dropped meanwhile). Takes and releases AccessShareLock on it and its indexes; allocates
+// nothing that outlives the call.
+inline bool has_btree_led_by(Oid relation, const char* column) {
+  return pg_call([&] {
+    Relation table = table_open(relation, AccessShareLock);
+    const AttrNumber leading = get_attnum(relation, column);
+    List* indexes = RelationGetIndexList(table);
+    bool found = false;
+    ListCell* cell = nullptr;
+    foreach (cell, indexes) {
+      Relation index = index_open(lfirst_oid(cell), AccessShareLock);
+      found = found ||
+              (index->rd_rel->relam == BTREE_AM_OID && index->rd_index->indisvalid &&
+               index->rd_index->indnkeyatts >= 1 && index->rd_index->indkey.values[0] == leading);
+      index_close(index, AccessShareLock);
+    }
+    list_free(indexes);
+    table_close(table, AccessShareLock);
+    return found;
+  });
+}
+// The relation `name` in the schema of `beside` if a superuser owns it, else InvalidOid (also
+// when there is none). Raises (a syscache failure). Allocates nothing.
+inline Oid relation_owned_by_superuser(const char* name, Oid beside) {
+  return pg_call([&] {
+    Oid found = get_relname_relid(name, get_rel_namespace(beside));
+    HeapTuple tuple =
+        OidIsValid(found) ? SearchSysCache1(RELOID, ObjectIdGetDatum(found)) : nullptr;
+    bool trusted = false;
+    if (HeapTupleIsValid(tuple)) {
+      trusted = superuser_arg(reinterpret_cast<Form_pg_class>(GETSTRUCT(tuple))->relowner);
+      ReleaseSysCache(tuple);
+    }
+    return trusted ? found : InvalidOid;
+  });
+}
 // Registers `callback` for invalidations of the syscache `cache`. Raises when too many
 // callbacks are registered. Allocates nothing (a static array).
 inline void on_syscache_change(int cache, SyscacheCallbackFunction callback) {
