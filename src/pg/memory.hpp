@@ -11,9 +11,11 @@ template <typename T>
 T* allocate() {
   return pg_call([] { return static_cast<T*>(palloc(sizeof(T))); });
 }
-// `size` uninitialised bytes in the current memory context. Raises (out of memory).
-inline void* allocate_bytes(Size size) {
-  return pg_call([&] { return palloc(size); });
+// A bytea of `Length` data bytes (its header not set) in the current memory context. Raises
+// (out of memory). On the fingerprint's path: captures nothing, a constant size.
+template <size_t Length>
+inline bytea* allocate_bytea() {
+  return pg_call([] { return static_cast<bytea*>(palloc(VARHDRSZ + Length)); });
 }
 // A memory context named `name` (a string constant: the context keeps the pointer) under
 // `parent` (AllocSet, default sizes). Raises (out of memory). Allocates its header in `parent`.
