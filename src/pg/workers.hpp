@@ -22,8 +22,7 @@ inline void stop(BackgroundWorkerHandle* handle) {
   pg_call([&] { TerminateBackgroundWorker(handle); });
 }
 // A new dynamic shared memory segment of `size` bytes, attached (until detach() or the end of
-// the resource owner). Raises (too many segments, out of
-// memory). Allocates its mapping
+// the resource owner). Raises (too many segments, out of memory). Allocates its mapping
 // record in TopMemoryContext.
 inline dsm_segment* new_segment(Size size) {
   return pg_call([&] { return dsm_create(size, 0); });
