@@ -39,9 +39,9 @@ OBJS        = src/pg_boundary.o \
               src/cleanup_launcher.o \
               src/cleanup_worker.o \
               src/citus_guard.o \
-              src/installation_check.o \
-              src/installation_check_tables.o \
-              src/installation_check_schema.o \
+              src/pg/installation_check.o \
+              src/pg/installation_check_tables.o \
+              src/pg/installation_check_schema.o \
               src/schema_guard.o
 # The released base script, the update scripts, and the script of the default version,
 # made from them (so a fresh install runs the same statements as an upgraded one; TAP
@@ -103,12 +103,12 @@ bench:
 	bash bench/run.sh
 
 format:
-	clang-format -i src/*.cpp src/*.hpp src/pg/*.hpp
+	clang-format -i src/*.cpp src/*.hpp src/pg/*.cpp src/pg/*.hpp
 
 # Fails on any formatting difference, boundary violation (test/lint/boundary.py) or clang-tidy
 # finding (.clang-format, .clang-tidy).
 lint:
-	clang-format --dry-run -Werror src/*.cpp src/*.hpp src/pg/*.hpp
+	clang-format --dry-run -Werror src/*.cpp src/*.hpp src/pg/*.cpp src/pg/*.hpp
 	python3 test/lint/boundary.py
-	clang-tidy --quiet src/*.cpp -- -x c++ -std=c++17 -D_GNU_SOURCE \
+	clang-tidy --quiet src/*.cpp src/pg/*.cpp -- -x c++ -std=c++17 -D_GNU_SOURCE \
 	  -isystem $(shell $(PG_CONFIG) --includedir-server) -isystem $(shell $(PG_CONFIG) --includedir)/internal

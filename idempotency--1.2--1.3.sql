@@ -334,17 +334,32 @@ COMMENT ON FUNCTION @extschema@.expiry_bucket(timestamptz) IS
 -- record per claim and per completion); by the minute, keys written close together share
 -- a value that the summary already holds. PostgreSQL 15 has no such update and keeps the
 -- B-Tree, whose ordered walk the cleanup uses (docs/design.md, "The expiry index"). An update
--- with keys in place rebuilds the index.
+-- with keys in place rebuilds the index. Under Citus, a distributed table's index is made on
+-- the workers' shards at once, before their own update has made expiry_bucket: there the
+-- update makes the BRIN over expires_at (a fresh install, distributed afterwards, gets the
+-- minute); the direct path and the cleanup serve both.
 DO $$
+DECLARE
+  distributed pg_catalog.bool := false;
+  wanted pg_catalog.text := '@extschema@.expiry_bucket(expires_at)';
 BEGIN
+  IF pg_catalog.to_regclass('pg_catalog.pg_dist_partition') IS NOT NULL THEN
+    EXECUTE 'SELECT EXISTS (SELECT FROM pg_catalog.pg_dist_partition WHERE logicalrelid '
+            'OPERATOR(pg_catalog.=) ''@extschema@.idempotency_keys''::pg_catalog.regclass)'
+      INTO distributed;
+  END IF;
+  IF distributed THEN
+    wanted := 'expires_at';
+  END IF;
   IF pg_catalog.current_setting('server_version_num')::pg_catalog.int4 >= 160000 AND NOT EXISTS (
        SELECT FROM pg_catalog.pg_class i JOIN pg_catalog.pg_am a ON a.oid OPERATOR(pg_catalog.=) i.relam
                    JOIN pg_catalog.pg_index x ON x.indexrelid OPERATOR(pg_catalog.=) i.oid
         WHERE i.oid OPERATOR(pg_catalog.=) '@extschema@.idempotency_keys_expires_at_idx'::pg_catalog.regclass
-          AND a.amname OPERATOR(pg_catalog.=) 'brin' AND x.indexprs IS NOT NULL) THEN
+          AND a.amname OPERATOR(pg_catalog.=) 'brin'
+          AND (x.indexprs IS NOT NULL OR distributed)) THEN
     EXECUTE 'DROP INDEX @extschema@.idempotency_keys_expires_at_idx';
     EXECUTE 'CREATE INDEX idempotency_keys_expires_at_idx ON @extschema@.idempotency_keys '
-            'USING brin (@extschema@.expiry_bucket(expires_at))';
+            'USING brin (' OPERATOR(pg_catalog.||) wanted OPERATOR(pg_catalog.||) ')';
   END IF;
 END
 $$;

@@ -10,7 +10,12 @@
 #include "cleanup_statements.hpp"
 #include "cleanup_throttle.hpp"
 #include "gucs.hpp"
-#include "installation_check.hpp"
+#include "pg/catalog.hpp"
+#include "pg/gucs.hpp"
+#include "pg/installation.hpp"
+#include "pg/snapshots.hpp"
+#include "pg/spi.hpp"
+#include "pg/transactions.hpp"
 #include "pg_boundary.hpp"
 #include "stats.hpp"
 #include "worker_session.hpp"
@@ -28,40 +33,7 @@ constexpr int kRowsPerPage = 32;
 // catalog snapshot taken now: a setting committed before it is seen.
 bool paused_here() {
   if (!gucs::cleanup_worker) return true;
-  return pg_call([] {
-    InvalidateCatalogSnapshot();
-    bool off = false;
-    Relation catalog = table_open(DbRoleSettingRelationId, AccessShareLock);
-    ScanKeyData keys[2];
-    ScanKeyInit(&keys[0], Anum_pg_db_role_setting_setdatabase, BTEqualStrategyNumber, F_OIDEQ,
-                ObjectIdGetDatum(MyDatabaseId));
-    ScanKeyInit(&keys[1], Anum_pg_db_role_setting_setrole, BTEqualStrategyNumber, F_OIDEQ,
-                ObjectIdGetDatum(InvalidOid));
-    SysScanDesc scan =
-        systable_beginscan(catalog, DbRoleSettingDatidRolidIndexId, true, nullptr, 2, keys);
-    HeapTuple tuple = systable_getnext(scan);
-    bool is_null = true;
-    Datum config = HeapTupleIsValid(tuple) ? heap_getattr(tuple, Anum_pg_db_role_setting_setconfig,
-                                                          RelationGetDescr(catalog), &is_null)
-                                           : static_cast<Datum>(0);
-    if (!is_null) {
-      Datum* items = nullptr;
-      int count = 0;
-      deconstruct_array(DatumGetArrayTypeP(config), TEXTOID, -1, false, TYPALIGN_INT, &items,
-                        nullptr, &count);
-      const char* prefix = "idempotency.cleanup_worker=";
-      for (int i = 0; i < count; ++i) {
-        const char* item = TextDatumGetCString(items[i]);
-        bool value = true;
-        if (pg_strncasecmp(item, prefix, strlen(prefix)) == 0 &&
-            parse_bool(item + strlen(prefix), &value) && !value)
-          off = true;
-      }
-    }
-    systable_endscan(scan);
-    table_close(catalog, AccessShareLock);
-    return off;
-  });
+  return pg::gucs::off_for_database("idempotency.cleanup_worker");
 }
 
 enum class Step { kDone, kNotInstalled, kPaused };
@@ -81,24 +53,17 @@ enum class Step { kDone, kNotInstalled, kPaused };
 
 template <typename Body>
 Step in_transaction(const Request& request, Progress& progress, const char* activity, Body&& body) {
-  pg_call([&] {
-    SetCurrentStatementStartTimestamp();
-    StartTransactionCommand();
-    worker_session::arm_batch_deadline();
-    PushActiveSnapshot(GetTransactionSnapshot());
-    pgstat_report_activity(STATE_RUNNING, activity);
-  });
+  pg::transactions::start();
+  worker_session::arm_batch_deadline();
+  pg::snapshots::push_transaction();
+  pgstat_report_activity(STATE_RUNNING, activity);
   // The calling transaction may have dropped and created the extension: the committed
   // installation's table, found by name without a lock (a full check would wait on the
   // calling transaction's lock of the dropped table), tells.
   if (OidIsValid(request.table)) {
-    const Oid committed = pg_call([] {
-      Oid extension = InvalidOid;
-      Oid schema = InvalidOid;
-      return installation_check::find_extension(&extension, &schema)
-                 ? get_relname_relid("idempotency_keys", schema)
-                 : InvalidOid;
-    });
+    const Oid schema = pg::installation::extension_schema();
+    const Oid committed =
+        OidIsValid(schema) ? pg::catalog::relation_id("idempotency_keys", schema) : InvalidOid;
     if (OidIsValid(committed) && committed != request.table) reject_other_installation();
   }
   std::optional<caller::Installation> installation = caller::of_database();
@@ -111,26 +76,22 @@ Step in_transaction(const Request& request, Progress& progress, const char* acti
     reject_other_installation();
   if (step == Step::kDone) {
     caller::ActingAsOwner acting(*installation);
-    pg_call([] {
-      if (SPI_connect() != SPI_OK_CONNECT) elog(ERROR, "SPI_connect failed");
-    });
+    if (!pg::spi::connect()) throw Error(ERRCODE_INTERNAL_ERROR, "SPI_connect failed");
     body(*installation);
     // Measured before SPI_finish frees the batch's memory: what a batch needs at most.
     progress.peak_memory =
         std::max(progress.peak_memory, MemoryContextMemAllocated(TopMemoryContext, true));
-    pg_call([] { SPI_finish(); });
+    pg::spi::finish();
     // Paused while the batch ran: its snapshot may see rows committed after the pause.
     if (request.obey_pause && paused_here()) step = Step::kPaused;
   }
-  pg_call([&] {
-    PopActiveSnapshot();
-    if (step == Step::kPaused)
-      AbortCurrentTransaction();
-    else
-      CommitTransactionCommand();
-    worker_session::disarm_batch_deadline();
-    pgstat_report_activity(STATE_IDLE, nullptr);
-  });
+  pg::snapshots::pop_active();
+  if (step == Step::kPaused)
+    pg::transactions::abort();
+  else
+    pg::transactions::commit();
+  worker_session::disarm_batch_deadline();
+  pgstat_report_activity(STATE_IDLE, nullptr);
   return step;
 }
 
@@ -148,8 +109,7 @@ bool should_stop(const Request& request, TimestampTz started) {
   if (worker_session::stop_requested()) return true;
   if (request.time_budget_us > 0 && GetCurrentTimestamp() - started >= request.time_budget_us)
     return true;
-  if (request.requester != 0)
-    return pg_call([&] { return BackendPidGetProc(request.requester) == nullptr; });
+  if (request.requester != 0) return !pg::transactions::backend_exists(request.requester);
   return false;
 }
 
@@ -341,12 +301,10 @@ void run(const Request& request, Progress& progress) {
 
 void abort_failed_batch() noexcept {
   try {
-    pg_call([] {
-      worker_session::disarm_batch_deadline();
-      // Leaves the failed transaction (and its SPI connection and snapshot).
-      AbortCurrentTransaction();
-      pgstat_report_activity(STATE_IDLE, nullptr);
-    });
+    worker_session::disarm_batch_deadline();
+    // Leaves the failed transaction (and its SPI connection and snapshot).
+    pg::transactions::abort();
+    pgstat_report_activity(STATE_IDLE, nullptr);
   } catch (...) {
   }
 }

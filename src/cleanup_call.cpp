@@ -19,6 +19,10 @@
 #include "caller.hpp"
 #include "cleanup.hpp"
 #include "gucs.hpp"
+#include "pg/errors.hpp"
+#include "pg/transactions.hpp"
+#include "pg/waits.hpp"
+#include "pg/workers.hpp"
 #include "pg_boundary.hpp"
 #include "stats.hpp"
 #include "worker_session.hpp"
@@ -72,7 +76,7 @@ BackgroundWorkerHandle* start_worker(dsm_segment* segment) {
   worker.bgw_main_arg = UInt32GetDatum(dsm_segment_handle(segment));
   worker.bgw_notify_pid = MyProcPid;  // our latch is set when it starts and stops
   BackgroundWorkerHandle* handle = nullptr;
-  if (!pg_call([&] { return RegisterDynamicBackgroundWorker(&worker, &handle); })) {
+  if (!pg::workers::start(&worker, &handle)) {
     stats::count_start_failure(MyDatabaseId);
     throw Error(ERRCODE_CONFIGURATION_LIMIT_EXCEEDED,
                 "idempotency_cleanup() found no free background worker slot",
@@ -89,21 +93,16 @@ void wait_for(BackgroundWorkerHandle* handle) {
   try {
     for (;;) {
       pid_t pid = 0;
-      const BgwHandleStatus status = pg_call([&] { return GetBackgroundWorkerPid(handle, &pid); });
+      const BgwHandleStatus status = pg::workers::status(handle, &pid);
       if (status == BGWH_STOPPED) break;
       if (status == BGWH_POSTMASTER_DIED)
         throw Error(ERRCODE_ADMIN_SHUTDOWN, "the postmaster died during idempotency_cleanup()");
-      pg_call([] {
-        // Woken when the worker starts and stops; the timeout only guards against a lost wake.
-        (void)WaitLatch(MyLatch, WL_LATCH_SET | WL_TIMEOUT | WL_EXIT_ON_PM_DEATH, 1000,
-                        PG_WAIT_EXTENSION);
-        ResetLatch(MyLatch);
-      });
-      check_for_interrupts();
+      // Woken when the worker starts and stops; the timeout only guards against a lost wake.
+      pg::waits::on_latch(1000);
     }
   } catch (...) {
     try {
-      pg_call([&] { TerminateBackgroundWorker(handle); });
+      pg::workers::stop(handle);
     } catch (...) {
     }
     throw;
@@ -131,12 +130,9 @@ Datum sql_cleanup(FunctionCallInfo fcinfo) {
   const int batch_size = batch_size_of(fcinfo);
   const caller::Installation installation = caller::of_function(fcinfo->flinfo->fn_oid);
   // Deleting is a write: refused where a DELETE of the caller's would be (25006).
-  pg_call([] {
-    PreventCommandIfReadOnly("idempotency_cleanup()");
-    PreventCommandDuringRecovery("idempotency_cleanup()");
-  });
+  pg::transactions::refuse_if_read_only("idempotency_cleanup()");
 
-  dsm_segment* segment = pg_call([] { return dsm_create(sizeof(Call), 0); });
+  dsm_segment* segment = pg::workers::new_segment(sizeof(Call));
   auto* call = static_cast<Call*>(dsm_segment_address(segment));
   memset(call, 0, sizeof *call);
   call->database = MyDatabaseId;
@@ -147,7 +143,7 @@ Datum sql_cleanup(FunctionCallInfo fcinfo) {
   wait_for(start_worker(segment));
   pg_memory_barrier();
   const Call result = *call;
-  pg_call([&] { dsm_detach(segment); });
+  pg::workers::detach(segment);
   return result_of(result);
 }
 
@@ -160,22 +156,10 @@ void store_error(Call* call, int sqlstate, const char* message, const char* deta
   strlcpy(call->hint, hint != nullptr ? hint : "", sizeof call->hint);
 }
 
-// The worker: connects to the caller's database, runs the deletions until none are left
-// (or its caller is gone, or it is asked to stop), and leaves the result in the segment.
-void call_main(dsm_handle handle) {
-  worker_session::handle_signals();
-  dsm_segment* segment = dsm_attach(handle);
-  if (segment == nullptr) return;  // the caller is gone already
-  auto* call = static_cast<Call*>(dsm_segment_address(segment));
-  worker_session::prepare_settings();
-  // The caller is connected, so the database takes connections or the caller is a superuser
-  // who may connect anyway: the worker serves it either way. No C++ object of this frame
-  // exists yet, and a pg_call here would throw into the C entry point: a raise ends the worker.
-  BackgroundWorkerInitializeConnectionByOid(call->database, InvalidOid,
-                                            BGWORKER_BYPASS_ALLOWCONN);  // pg: see above
-  worker_session::undo_database_settings();
-  pgstat_report_appname("idempotency_cleanup()");
-
+// The call, run in the worker once connected: the deletions until none are left (or its
+// caller is gone, or it is asked to stop), and the result left in `call`. Nothing may be
+// thrown out of it.
+void run_call(Call* call) noexcept {
   cleanup::Request request;
   request.batch_size = call->batch_size;
   request.now = call->now;
@@ -204,22 +188,38 @@ void call_main(dsm_handle handle) {
     stats::record_cleanup(MyDatabaseId, progress.deleted,
                           failure.empty() ? nullptr : failure.c_str());
   // `failure` is alive, and nothing may be thrown out of this frame: a log line at most.
+  char line[512];
+  snprintf(line, sizeof line,
+           "idempotency_cleanup() of backend %d: %ld ms, " UINT64_FORMAT
+           " keys deleted, orphan pass %s, peak memory %zu bytes, %d pauses of %ld ms in all",
+           static_cast<int>(call->requester),
+           static_cast<long>((GetCurrentTimestamp() - started) / 1000), progress.deleted,
+           progress.orphan_pass ? "yes" : "no", progress.peak_memory, progress.pauses,
+           static_cast<long>(progress.paused_ms));
   try {
-    pg_call([&] {
-      ereport(DEBUG1, (errmsg_internal("idempotency_cleanup() of backend %d: %ld ms, " UINT64_FORMAT
-                                       " keys deleted, orphan pass %s, peak memory %zu bytes,"
-                                       " %d pauses of %ld ms in all",
-                                       static_cast<int>(call->requester),
-                                       static_cast<long>((GetCurrentTimestamp() - started) / 1000),
-                                       progress.deleted, progress.orphan_pass ? "yes" : "no",
-                                       progress.peak_memory, progress.pauses,
-                                       static_cast<long>(progress.paused_ms))));
-    });
+    pg::errors::report(DEBUG1, line);
   } catch (...) {
   }
   call->deleted = progress.deleted;
   pg_write_barrier();
   call->finished = true;
+}
+
+// The worker: connects to the caller's database, runs the call (run_call) and detaches.
+// pg-frame: a bgworker main; it owns no C++ object (the call's live in run_call, noexcept).
+void call_main(dsm_handle handle) {
+  worker_session::handle_signals();
+  dsm_segment* segment = dsm_attach(handle);
+  if (segment == nullptr) return;  // the caller is gone already
+  auto* call = static_cast<Call*>(dsm_segment_address(segment));
+  worker_session::prepare_settings();
+  // The caller is connected, so the database takes connections or the caller is a superuser
+  // who may connect anyway: the worker serves it either way. No C++ object exists yet, and a
+  // wrapper here would throw into the C entry point: a raise ends the worker.
+  BackgroundWorkerInitializeConnectionByOid(call->database, InvalidOid, BGWORKER_BYPASS_ALLOWCONN);
+  worker_session::undo_database_settings();
+  pgstat_report_appname("idempotency_cleanup()");
+  run_call(call);
   dsm_detach(segment);
 }
 

@@ -130,6 +130,9 @@ void at_transaction_end(XactEvent event, void*) {
   }
 }
 
+// The ProcessUtility hook, in every backend: notes CREATE EXTENSION idempotency (for the
+// launcher, at commit) and DROP ROLE or a role's RENAME (for the role generation).
+// pg-frame: called by PostgreSQL around every utility statement; it owns no C++ object.
 void utility_hook(PlannedStmt* statement, const char* query, bool read_only_tree,
                   ProcessUtilityContext context, ParamListInfo params,
                   QueryEnvironment* environment, DestReceiver* destination,

@@ -6,6 +6,9 @@
 #include "caller.hpp"
 #include "key_layout.hpp"
 #include "key_store.hpp"
+#include "pg/catalog.hpp"
+#include "pg/heap.hpp"
+#include "pg/spi.hpp"
 #include "pg_boundary.hpp"
 
 namespace idem::cleanup::statements {
@@ -61,37 +64,12 @@ std::string range_batch_sql(const std::string& table) {
 
 // The expiry index of `relation` (see ExpiryIndex).
 ExpiryIndex expiry_index_of(Oid relation) {
-  Oid bucket_function = InvalidOid;
-  const bool ordered = pg_call([&] {
-    Relation table = table_open(relation, AccessShareLock);
-    const AttrNumber expires_at = get_attnum(relation, "expires_at");
-    List* indexes = RelationGetIndexList(table);
-    bool found = false;
-    ListCell* cell = nullptr;
-    foreach (cell, indexes) {
-      Relation index = index_open(lfirst_oid(cell), AccessShareLock);
-      found = found || (index->rd_rel->relam == BTREE_AM_OID && index->rd_index->indisvalid &&
-                        index->rd_index->indnkeyatts >= 1 &&
-                        index->rd_index->indkey.values[0] == expires_at);
-      if (index->rd_rel->relam == BRIN_AM_OID && index->rd_index->indisvalid &&
-          index->rd_index->indnkeyatts == 1 && index->rd_index->indkey.values[0] == 0) {
-        List* expressions = RelationGetIndexExpressions(index);
-        if (key_layout::is_expiry_bucket_key(expressions, expires_at))
-          bucket_function = castNode(FuncExpr, linitial(expressions))->funcid;
-      }
-      index_close(index, AccessShareLock);
-    }
-    list_free(indexes);
-    table_close(table, AccessShareLock);
-    return found;
-  });
+  const pg::catalog::ColumnIndexes found =
+      pg::catalog::indexes_on(relation, "expires_at", key_layout::is_expiry_bucket_key);
   ExpiryIndex index;
-  index.ordered = ordered;
-  if (OidIsValid(bucket_function))
-    index.bucket = pg_call([&] {
-      return quote_qualified_identifier(get_namespace_name(get_func_namespace(bucket_function)),
-                                        get_func_name(bucket_function));
-    });
+  index.ordered = found.btree_led;
+  if (OidIsValid(found.brin_key_function))
+    index.bucket = pg::catalog::qualified_function_name(found.brin_key_function);
   return index;
 }
 
@@ -168,7 +146,7 @@ PlanCache& cache_for(Oid relation) {
     cache = &caches[next_cache++ % caches.size()];
     for (SPIPlanPtr& old : cache->plans) {
       SPIPlanPtr freed = std::exchange(old, nullptr);
-      if (freed != nullptr) pg_call([&] { SPI_freeplan(freed); });
+      if (freed != nullptr) pg::spi::free_plan(freed);
     }
     cache->relation = relation;
   }
@@ -199,16 +177,13 @@ SPIPlanPtr plan_for(Oid relation, PlanId id) {
     sql = adopt_sql(name);
     types = {TIDOID, TIDOID, INT8OID};
   }
-  SPIPlanPtr plan = pg_call([&] {
-    // Generic from the start: the shape (an index scan, or a TID range scan, under a LIMIT)
-    // is the right one whatever the values, and custom plans would be re-planned every batch.
-    return SPI_prepare_cursor(sql.c_str(), static_cast<int>(types.size()), types.data(),
-                              CURSOR_OPT_GENERIC_PLAN);
-  });
+  // Generic from the start: the shape (an index scan, or a TID range scan, under a LIMIT) is
+  // the right one whatever the values, and custom plans would be re-planned every batch.
+  SPIPlanPtr plan =
+      pg::spi::prepare_kept(sql.c_str(), static_cast<int>(types.size()), types.data());
   if (plan == nullptr)
     throw Error(ERRCODE_INTERNAL_ERROR, "could not prepare a cleanup statement",
                 SPI_result_code_string(SPI_result));
-  pg_call([&] { SPI_keepplan(plan); });
   cache->plans[id] = plan;
   return plan;
 }
@@ -225,7 +200,7 @@ struct Row {
 };
 Row run_one_row(Oid relation, PlanId id, Datum* values, std::initializer_list<Oid> types) {
   SPIPlanPtr plan = plan_for(relation, id);
-  int rc = pg_call([&] { return SPI_execute_plan(plan, values, nullptr, false, 0); });
+  int rc = pg::spi::execute_plan(plan, values, nullptr, false, 0);
   SPITupleTable* table = SPI_tuptable;
   const uint64 rows = SPI_processed;
   Row row;
@@ -236,11 +211,11 @@ Row run_one_row(Oid relation, PlanId id, Datum* values, std::initializer_list<Oi
     shaped = shaped && TupleDescAttr(table->tupdesc, column++)->atttypid == type;
   if (shaped) {
     bool is_null = false;
-    // The columns are checked above and by value: SPI_getbinval cannot raise on them.
-    Datum count = SPI_getbinval(table->vals[0], table->tupdesc, 1, &is_null);  // pg: see above
+    // The columns are checked above and by value: reading them cannot raise.
+    Datum count = pg::spi::column_unchecked(table->vals[0], table->tupdesc, 1, &is_null);
     row.count = DatumGetInt64(count);
     if (types.size() > 1) {
-      Datum second = SPI_getbinval(table->vals[0], table->tupdesc, 2, &is_null);  // pg: see above
+      Datum second = pg::spi::column_unchecked(table->vals[0], table->tupdesc, 2, &is_null);
       if (*(types.begin() + 1) == INT8OID) {
         row.second_count = is_null ? 0 : DatumGetInt64(second);
       } else if (*(types.begin() + 1) == TIDOID) {
@@ -254,7 +229,7 @@ Row run_one_row(Oid relation, PlanId id, Datum* values, std::initializer_list<Oi
       }
     }
   }
-  if (table != nullptr) pg_call([&] { SPI_freetuptable(table); });
+  pg::spi::free_result();
   if (!shaped)
     throw Error(ERRCODE_INTERNAL_ERROR, "a cleanup statement failed or returned unexpected rows",
                 SPI_result_code_string(rc));
@@ -270,22 +245,20 @@ Row run_one_row(Oid relation, PlanId id, Datum* values, std::initializer_list<Oi
 // relations that hold keys on this node, in OID order (a pass walks them in that order
 // across rounds). Needs an open SPI connection.
 std::vector<Oid> key_relations(Oid table) {
-  const bool citus = pg_call(
-      [] { return OidIsValid(get_relname_relid("pg_dist_partition", PG_CATALOG_NAMESPACE)); });
+  const bool citus =
+      OidIsValid(pg::catalog::relation_id("pg_dist_partition", PG_CATALOG_NAMESPACE));
   if (!citus) return {table};
   Oid types[] = {REGCLASSOID};
   Datum values[] = {ObjectIdGetDatum(table)};
-  int rc = pg_call([&] {
-    return SPI_execute_with_args(
-        "SELECT s.shardid FROM pg_catalog.pg_dist_partition d"
-        " LEFT JOIN pg_catalog.pg_dist_shard s ON s.logicalrelid OPERATOR(pg_catalog.=) "
-        "d.logicalrelid"
-        " AND EXISTS (SELECT FROM pg_catalog.pg_dist_placement p"
-        " WHERE p.shardid OPERATOR(pg_catalog.=) s.shardid AND p.groupid OPERATOR(pg_catalog.=)"
-        " (SELECT groupid FROM pg_catalog.pg_dist_local_group))"
-        " WHERE d.logicalrelid OPERATOR(pg_catalog.=) $1",
-        1, types, values, nullptr, true, 0);
-  });
+  int rc = pg::spi::execute_read_only(
+      "SELECT s.shardid FROM pg_catalog.pg_dist_partition d"
+      " LEFT JOIN pg_catalog.pg_dist_shard s ON s.logicalrelid OPERATOR(pg_catalog.=) "
+      "d.logicalrelid"
+      " AND EXISTS (SELECT FROM pg_catalog.pg_dist_placement p"
+      " WHERE p.shardid OPERATOR(pg_catalog.=) s.shardid AND p.groupid OPERATOR(pg_catalog.=)"
+      " (SELECT groupid FROM pg_catalog.pg_dist_local_group))"
+      " WHERE d.logicalrelid OPERATOR(pg_catalog.=) $1",
+      1, types, values);
   SPITupleTable* result = SPI_tuptable;
   const uint64 rows = SPI_processed;
   std::vector<int64> shards;
@@ -294,11 +267,11 @@ std::vector<Oid> key_relations(Oid table) {
                                TupleDescAttr(result->tupdesc, 0)->atttypid == INT8OID));
   for (uint64 i = 0; shaped && i < rows; ++i) {
     bool is_null = false;
-    // The column is checked above and by value: SPI_getbinval cannot raise on it.
-    Datum shard = SPI_getbinval(result->vals[i], result->tupdesc, 1, &is_null);  // pg: see above
+    // The column is checked above and by value: reading it cannot raise.
+    Datum shard = pg::spi::column_unchecked(result->vals[i], result->tupdesc, 1, &is_null);
     if (!is_null) shards.push_back(DatumGetInt64(shard));
   }
-  if (result != nullptr) pg_call([&] { SPI_freetuptable(result); });
+  pg::spi::free_result();
   if (rc != SPI_OK_SELECT)
     throw Error(ERRCODE_INTERNAL_ERROR, "could not read Citus' shard placements",
                 SPI_result_code_string(rc));
@@ -307,18 +280,8 @@ std::vector<Oid> key_relations(Oid table) {
   std::vector<Oid> relations;
   for (int64 shard : shards) {
     const std::string name = "idempotency_keys_" + std::to_string(shard);
-    Oid relation = pg_call([&] {
-      Oid found = get_relname_relid(name.c_str(), get_rel_namespace(table));
-      // A placement of ours is created by Citus as the owner of the distributed table.
-      HeapTuple tuple =
-          OidIsValid(found) ? SearchSysCache1(RELOID, ObjectIdGetDatum(found)) : nullptr;
-      bool trusted = false;
-      if (HeapTupleIsValid(tuple)) {
-        trusted = superuser_arg(reinterpret_cast<Form_pg_class>(GETSTRUCT(tuple))->relowner);
-        ReleaseSysCache(tuple);
-      }
-      return trusted ? found : InvalidOid;
-    });
+    // A placement of ours is created by Citus as the owner of the distributed table.
+    const Oid relation = pg::catalog::relation_owned_by_superuser(name.c_str(), table);
     if (!OidIsValid(relation))
       throw Error(ERRCODE_INSUFFICIENT_PRIVILEGE,
                   "shard " + name + " of idempotency_keys is missing or not owned by a superuser");
@@ -404,14 +367,8 @@ Orphans delete_orphans_in(Oid relation, BlockNumber from, BlockNumber to, int li
 }
 
 BlockNumber relation_blocks(Oid relation) {
-  return pg_call([&] {
-    // A Citus shard listed a moment ago may be dropped by a move now: no blocks to clean.
-    Relation open = try_relation_open(relation, AccessShareLock);
-    if (open == nullptr) return BlockNumber{0};
-    BlockNumber count = RelationGetNumberOfBlocks(open);
-    relation_close(open, AccessShareLock);
-    return count;
-  });
+  // A Citus shard listed a moment ago may be dropped by a move now: no blocks to clean.
+  return pg::heap::block_count(relation);
 }
 
 }  // namespace idem::cleanup::statements

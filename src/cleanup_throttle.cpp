@@ -7,6 +7,9 @@
 #include <cmath>
 
 #include "gucs.hpp"
+#include "pg/errors.hpp"
+#include "pg/transactions.hpp"
+#include "pg/waits.hpp"
 #include "pg_boundary.hpp"
 #include "worker_session.hpp"
 
@@ -82,20 +85,10 @@ bool Throttle::others_work() {
   others_xids_ = wrote ? taken - own_transactions_ : 0;
   next_xid_ = next;
   own_transactions_ = 0;
-  const bool running = pg_call([&] {
-    int count = 0;
-    // The backends of this database with a snapshot, other than this one and autovacuum's
-    // workers and vacuums (maintenance that paces itself, not the sessions' work).
-    VirtualTransactionId* snapshots = GetCurrentVirtualXIDs(
-        InvalidTransactionId, true, false, PROC_IS_AUTOVACUUM | PROC_IN_VACUUM, &count);
-    pfree(snapshots);
-    if (count > 0 && requester_ != 0) {
-      const PGPROC* proc = BackendPidGetProc(requester_);
-      if (proc != nullptr && TransactionIdIsValid(proc->xmin)) --count;
-    }
-    others_snapshots_ = count;
-    return count > 0;
-  });
+  // The backends of this database with a snapshot, other than this one, the requester and
+  // autovacuum's workers and vacuums (maintenance that paces itself, not the sessions' work).
+  others_snapshots_ = pg::transactions::other_snapshots(requester_);
+  const bool running = others_snapshots_ > 0;
   const TimestampTz now = GetCurrentTimestamp();
   if (wrote || running) busy_until_ = now + kBusyHoldMs * 1000;
   seen_ = true;
@@ -116,27 +109,23 @@ void Throttle::pause_after_batch(uint64 deleted) {
   const int cost_pause = pause_ms(cost, busy, gucs::cleanup_cost_limit, gucs::cleanup_delay_ms);
   const int cpu_pause = cpu_pause_ms(cpu_charged_us, busy, gucs::cleanup_cpu_share);
   const int delay_ms = std::max(cost_pause, cpu_pause);
-  pg_call([&] {
-    ereport(DEBUG2,
-            (errmsg_internal("idempotency cleanup: batch of " UINT64_FORMAT
-                             " keys, cost %.0f, other sessions %s, pause %d ms; took %ld us, "
-                             "%ld us on CPU; seen: " UINT64_FORMAT
-                             " transactions of others, %d snapshots; batch %d of the run; "
-                             "CPU since the last pause %ld us, pause for the CPU share %d ms",
-                             deleted, cost, busy ? "working" : "idle", delay_ms,
-                             static_cast<long>(took_us), static_cast<long>(cpu_us), others_xids_,
-                             others_snapshots_, batches_, static_cast<long>(cpu_charged_us),
-                             cpu_pause)));
-    // The whole pause: a latch set for anything but a stop (a reload, a catch-up interrupt)
-    // does not shorten it.
-    const TimestampTz until = GetCurrentTimestamp() + int64{delay_ms} * 1000;
-    for (long left = delay_ms; left > 0 && !worker_session::stop_requested() && !InterruptPending;
-         left = static_cast<long>((until - GetCurrentTimestamp() + 999) / 1000)) {
-      (void)WaitLatch(MyLatch, WL_LATCH_SET | WL_TIMEOUT | WL_EXIT_ON_PM_DEATH, left,
-                      PG_WAIT_EXTENSION);
-      ResetLatch(MyLatch);
-    }
-  });
+  char line[512];
+  snprintf(line, sizeof line,
+           "idempotency cleanup: batch of " UINT64_FORMAT
+           " keys, cost %.0f, other sessions %s, pause %d ms; took %ld us, "
+           "%ld us on CPU; seen: " UINT64_FORMAT
+           " transactions of others, %d snapshots; batch %d of the run; "
+           "CPU since the last pause %ld us, pause for the CPU share %d ms",
+           deleted, cost, busy ? "working" : "idle", delay_ms, static_cast<long>(took_us),
+           static_cast<long>(cpu_us), others_xids_, others_snapshots_, batches_,
+           static_cast<long>(cpu_charged_us), cpu_pause);
+  pg::errors::report(DEBUG2, line);
+  // The whole pause: a latch set for anything but a stop (a reload, a catch-up interrupt)
+  // does not shorten it.
+  const TimestampTz until = GetCurrentTimestamp() + int64{delay_ms} * 1000;
+  for (long left = delay_ms; left > 0 && !worker_session::stop_requested() && !InterruptPending;
+       left = static_cast<long>((until - GetCurrentTimestamp() + 999) / 1000))
+    pg::waits::on_latch_leaving_interrupts(left);
   cpu_at_pause_end_us_ = cpu_now_us();
   if (delay_ms > 0) {
     ++pauses_;

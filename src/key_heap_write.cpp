@@ -50,6 +50,22 @@ void insert_brin_entry(Relation index, IndexInfo* info, Datum* key_values, bool*
   }
   PG_END_TRY();
 }
+// After a HOT update that changed a column only summarizing indexes cover (16+): does every
+// such index already hold the new version's key? The expiry index's key is the expiry's
+// minute, and a HOT update leaves the new version in the old one's block, whose range's
+// summary holds the old version's minute (its insert put it there, or a summarization read
+// it: summaries only widen). An unchanged minute then needs no entry; the executor, which
+// compares columns and not keys, would add one that changes nothing.
+#if PG_VERSION_NUM >= 160000
+bool summaries_hold(TimestampTz old_expiry, TimestampTz new_expiry) {
+  const key_layout::Layout& layout = key_layout::current();
+  if (key_layout::expiry_bucket(old_expiry) != key_layout::expiry_bucket(new_expiry)) return false;
+  for (int i = 0; i < layout.index_count; ++i)
+    if (is_summarizing(layout.index_info[i]) && !layout.on_expiry_bucket[i]) return false;
+  return true;
+}
+#endif
+
 // The table's current file (its relfilenode).
 Oid file_of(Relation table) {
 #if PG_VERSION_NUM >= 160000
@@ -294,6 +310,10 @@ bool update_step(Relation table, const key_store::RowAddress& where, text* scope
   // Read::kSelf: the version this transaction sees now; an updated or deleted one is not.
   if (!heap_fetch(table, snapshot_of(Read::kSelf, nullptr), &old, &buffer, false)) return false;
   heap_deform_tuple(&old, desc, values, nulls);
+#if PG_VERSION_NUM >= 160000
+  const int expiry_column = key_layout::current().attnum[kExpiresAt] - 1;
+  const TimestampTz old_expiry = DatumGetTimestampTz(values[expiry_column]);
+#endif
   if (!holds(values, nulls, token, owner, scope, key, now)) {
     ReleaseBuffer(buffer);
     return false;
@@ -309,7 +329,10 @@ bool update_step(Relation table, const key_store::RowAddress& where, text* scope
   TU_UpdateIndexes update_indexes = TU_All;
   simple_heap_update(table, &old.t_self, *tuple, &update_indexes);
   *any_entries = update_indexes != TU_None;
-  if (update_indexes == TU_Summarizing) *new_entries = Indexes::kSummarizing;
+  if (update_indexes == TU_Summarizing) {
+    *new_entries = Indexes::kSummarizing;
+    *any_entries = !summaries_hold(old_expiry, DatumGetTimestampTz(values[expiry_column]));
+  }
 #else
   (void)new_entries;  // every index gets an entry, or none: no summarizing-only update
   simple_heap_update(table, &old.t_self, *tuple);

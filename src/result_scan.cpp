@@ -28,7 +28,8 @@ struct ResultScanState {
   FmgrInfo function;
   FunctionCallInfo call;
   List* arguments;             // ExprState of each argument
-  Bitmapset* argument_params;  // PARAM_EXEC ids the arguments read
+  Bitmapset* argument_params;  // PARAM_EXEC ids the arguments read ...
+  bool params_collected;       // ... collected at the first rescan (most scans have none)
   int columns;                 // the scan tuple's columns ...
   int* column_of;              // ... and the function's column (0-based) behind each
   MemoryContext later_calls;   // the answers of calls after the first (a LATERAL call)
@@ -308,7 +309,7 @@ void begin_scan(CustomScanState* node, EState* estate, int /*eflags*/) {
                            reinterpret_cast<Node*>(&state->row));
   state->arguments = ExecInitExprList(call->args, &node->ss.ps);
   state->argument_params = nullptr;
-  (void)collect_exec_params(reinterpret_cast<Node*>(call->args), &state->argument_params);
+  state->params_collected = false;
   state->columns = list_length(plan->custom_private);
   state->column_of = static_cast<int*>(palloc(sizeof(int) * Max(state->columns, 1)));
   ListCell* cell = nullptr;
@@ -317,9 +318,11 @@ void begin_scan(CustomScanState* node, EState* estate, int /*eflags*/) {
   state->row.type = T_Invalid;
   state->row.magic = kDirectRowMagic;
   // The function fills its row only when it has the columns the function knows (as_datum).
-  TupleDesc row_type = lookup_rowtype_tupdesc(call->funcresulttype, -1);
-  state->row.columns = row_type->natts;
-  ReleaseTupleDesc(row_type);
+  // (The type cache's descriptor, read without pinning it: nothing runs in between.)
+  const TypeCacheEntry* row_type = lookup_type_cache(call->funcresulttype, TYPECACHE_TUPDESC);
+  if (row_type->tupDesc == nullptr)
+    elog(ERROR, "%s does not return a row type", get_func_name(call->funcid));
+  state->row.columns = row_type->tupDesc->natts;
   for (i = 0; i < state->columns; ++i) {
     if (state->column_of[i] >= claim_result::kResultFields)
       elog(ERROR, "%s returns more columns than a claim_result", get_func_name(call->funcid));
@@ -415,6 +418,15 @@ void end_scan(CustomScanState* /*node*/) {}
 void rescan(CustomScanState* node) {
   auto* state = reinterpret_cast<ResultScanState*>(node);
   state->returned = false;
+  if (!state->params_collected) {
+    MemoryContext caller = MemoryContextSwitchTo(node->ss.ps.state->es_query_cxt);
+    auto* plan = reinterpret_cast<CustomScan*>(node->ss.ps.plan);
+    (void)collect_exec_params(
+        reinterpret_cast<Node*>(linitial_node(FuncExpr, plan->custom_exprs)->args),
+        &state->argument_params);
+    MemoryContextSwitchTo(caller);
+    state->params_collected = true;
+  }
   if (bms_overlap(node->ss.ps.chgParam, state->argument_params)) state->answered = false;
   ExecScanReScan(&node->ss);
 }

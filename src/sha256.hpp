@@ -2,6 +2,8 @@
 // fingerprints, and the key lock's tag, which an attacker must not be able to aim.
 #pragma once
 
+#include "pg/cryptohash.hpp"
+#include "pg/memory.hpp"
 #include "pg_boundary.hpp"
 
 namespace idem {
@@ -10,7 +12,7 @@ namespace idem {
 class Sha256 {
  public:
   Sha256() {
-    context_ = pg_call([] { return pg_cryptohash_create(PG_SHA256); });
+    context_ = pg::cryptohash::new_sha256();
     if (context_ != nullptr && pg_cryptohash_init(context_) == 0) return;
     pg_cryptohash_free(context_);
     throw Error(ERRCODE_OUT_OF_MEMORY, "could not initialize SHA-256");
@@ -35,8 +37,7 @@ class Sha256 {
   }
   // The digest as a palloc'd bytea.
   bytea* finish() {
-    auto* result =
-        static_cast<bytea*>(pg_call([] { return palloc(VARHDRSZ + PG_SHA256_DIGEST_LENGTH); }));
+    bytea* result = pg::memory::allocate_bytea<PG_SHA256_DIGEST_LENGTH>();
     SET_VARSIZE(result, VARHDRSZ + PG_SHA256_DIGEST_LENGTH);
     finish_into(reinterpret_cast<uint8*>(VARDATA(result)));
     return result;

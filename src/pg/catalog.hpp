@@ -25,6 +25,71 @@ inline Oid column_type(Oid relation, const char* column) {
 inline bool has_column(Oid relation, const char* column) {
   return pg_call([&] { return get_attnum(relation, column) != InvalidAttrNumber; });
 }
+// The relation `name` in `schema`, InvalidOid when there is none. Raises (a syscache
+// failure). Allocates nothing.
+inline Oid relation_id(const char* name, Oid schema) {
+  return pg_call([&] { return get_relname_relid(name, schema); });
+}
+// What `relation`'s valid indexes on `column` offer a scan by it: a B-Tree led by the column
+// (an ordered walk), and the function of a BRIN whose one key is a call on the column that
+// `is_key` accepts (given the index's expressions and the column's number; it runs inside
+// this wrapper, so it may raise). Raises (a relation dropped meanwhile). Takes and releases
+// AccessShareLock on it and its indexes; allocates the expressions read in the current memory
+// context.
+struct ColumnIndexes {
+  bool btree_led = false;
+  Oid brin_key_function = InvalidOid;
+};
+inline ColumnIndexes indexes_on(Oid relation, const char* column,
+                                bool (*is_key)(const List*, AttrNumber)) {
+  return pg_call([&] {
+    ColumnIndexes found;
+    Relation table = table_open(relation, AccessShareLock);
+    const AttrNumber attnum = get_attnum(relation, column);
+    List* indexes = RelationGetIndexList(table);
+    ListCell* cell = nullptr;
+    foreach (cell, indexes) {
+      Relation index = index_open(lfirst_oid(cell), AccessShareLock);
+      const Form_pg_index form = index->rd_index;
+      found.btree_led =
+          found.btree_led || (index->rd_rel->relam == BTREE_AM_OID && form->indisvalid &&
+                              form->indnkeyatts >= 1 && form->indkey.values[0] == attnum);
+      if (index->rd_rel->relam == BRIN_AM_OID && form->indisvalid && form->indnkeyatts == 1 &&
+          form->indkey.values[0] == 0) {
+        List* expressions = RelationGetIndexExpressions(index);
+        if (is_key(expressions, attnum))
+          found.brin_key_function = castNode(FuncExpr, linitial(expressions))->funcid;
+      }
+      index_close(index, AccessShareLock);
+    }
+    list_free(indexes);
+    table_close(table, AccessShareLock);
+    return found;
+  });
+}
+// "schema"."function" of `function`, quoted for SQL text. Raises (a function dropped
+// meanwhile). Allocates the string in the current memory context.
+inline const char* qualified_function_name(Oid function) {
+  return pg_call([&] {
+    return static_cast<const char*>(quote_qualified_identifier(
+        get_namespace_name(get_func_namespace(function)), get_func_name(function)));
+  });
+}
+// The relation `name` in the schema of `beside` if a superuser owns it, else InvalidOid (also
+// when there is none). Raises (a syscache failure). Allocates nothing.
+inline Oid relation_owned_by_superuser(const char* name, Oid beside) {
+  return pg_call([&] {
+    Oid found = get_relname_relid(name, get_rel_namespace(beside));
+    HeapTuple tuple =
+        OidIsValid(found) ? SearchSysCache1(RELOID, ObjectIdGetDatum(found)) : nullptr;
+    bool trusted = false;
+    if (HeapTupleIsValid(tuple)) {
+      trusted = superuser_arg(reinterpret_cast<Form_pg_class>(GETSTRUCT(tuple))->relowner);
+      ReleaseSysCache(tuple);
+    }
+    return trusted ? found : InvalidOid;
+  });
+}
 // Registers `callback` for invalidations of the syscache `cache`. Raises when too many
 // callbacks are registered. Allocates nothing (a static array).
 inline void on_syscache_change(int cache, SyscacheCallbackFunction callback) {

@@ -28,4 +28,45 @@ inline void restore_nest_level(int level) noexcept {
   AtEOXact_GUC(false, level);
 }
 
+// Is the boolean setting `name` set off for the current database (ALTER DATABASE ... SET,
+// for every role), as pg_db_role_setting reads with a catalog snapshot taken now (a setting
+// committed before the call is seen)? Raises (a catalog read failure, out of memory).
+// Allocates the settings' text copies in the current memory context.
+inline bool off_for_database(const char* name) {
+  return pg_call([&] {
+    InvalidateCatalogSnapshot();
+    bool off = false;
+    Relation catalog = table_open(DbRoleSettingRelationId, AccessShareLock);
+    ScanKeyData keys[2];
+    ScanKeyInit(&keys[0], Anum_pg_db_role_setting_setdatabase, BTEqualStrategyNumber, F_OIDEQ,
+                ObjectIdGetDatum(MyDatabaseId));
+    ScanKeyInit(&keys[1], Anum_pg_db_role_setting_setrole, BTEqualStrategyNumber, F_OIDEQ,
+                ObjectIdGetDatum(InvalidOid));
+    SysScanDesc scan =
+        systable_beginscan(catalog, DbRoleSettingDatidRolidIndexId, true, nullptr, 2, keys);
+    HeapTuple tuple = systable_getnext(scan);
+    bool is_null = true;
+    Datum config = HeapTupleIsValid(tuple) ? heap_getattr(tuple, Anum_pg_db_role_setting_setconfig,
+                                                          RelationGetDescr(catalog), &is_null)
+                                           : static_cast<Datum>(0);
+    if (!is_null) {
+      Datum* items = nullptr;
+      int count = 0;
+      deconstruct_array(DatumGetArrayTypeP(config), TEXTOID, -1, false, TYPALIGN_INT, &items,
+                        nullptr, &count);
+      const size_t length = strlen(name);
+      for (int i = 0; i < count; ++i) {
+        const char* item = TextDatumGetCString(items[i]);
+        bool value = true;
+        if (pg_strncasecmp(item, name, length) == 0 && item[length] == '=' &&
+            parse_bool(item + length + 1, &value) && !value)
+          off = true;
+      }
+    }
+    systable_endscan(scan);
+    table_close(catalog, AccessShareLock);
+    return off;
+  });
+}
+
 }  // namespace idem::pg::gucs

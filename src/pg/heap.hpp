@@ -40,4 +40,16 @@ inline size_t first_bytea(Oid beside, const char* name, uint8* out, size_t capac
   });
 }
 
+// The number of blocks of `relation`, 0 when it was dropped meanwhile. Raises (an I/O
+// error). Takes and releases AccessShareLock on it; allocates nothing that outlives the call.
+inline BlockNumber block_count(Oid relation) {
+  return pg_call([&] {
+    Relation open = try_relation_open(relation, AccessShareLock);
+    if (open == nullptr) return BlockNumber{0};
+    BlockNumber count = RelationGetNumberOfBlocks(open);
+    relation_close(open, AccessShareLock);
+    return count;
+  });
+}
+
 }  // namespace idem::pg::heap

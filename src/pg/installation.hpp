@@ -1,5 +1,6 @@
 // The installation check (installation_check.hpp), which reads the catalogs with PostgreSQL
-// calls only, as C++ runs it. Every wrapper catches (pg_call).
+// calls only (installation_check*.cpp, beside this file), as C++ runs it. Every wrapper
+// catches (pg_call).
 #pragma once
 
 #include "../installation_check.hpp"

@@ -11,6 +11,12 @@ template <typename T>
 T* allocate() {
   return pg_call([] { return static_cast<T*>(palloc(sizeof(T))); });
 }
+// A bytea of `Length` data bytes (its header not set) in the current memory context. Raises
+// (out of memory). On the fingerprint's path: captures nothing, a constant size.
+template <size_t Length>
+inline bytea* allocate_bytea() {
+  return pg_call([] { return static_cast<bytea*>(palloc(VARHDRSZ + Length)); });
+}
 // A memory context named `name` (a string constant: the context keeps the pointer) under
 // `parent` (AllocSet, default sizes). Raises (out of memory). Allocates its header in `parent`.
 inline MemoryContext new_context(MemoryContext parent, const char* name) {

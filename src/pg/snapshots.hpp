@@ -11,6 +11,13 @@ namespace idem::pg::snapshots {
 inline void push_latest() {
   pg_call([] { PushCopiedSnapshot(GetLatestSnapshot()); });
 }
+// Makes the transaction snapshot (taken now at the first call of a transaction) the active
+// one. Raises (out of memory, 40001 for a serializable transaction that cannot get one).
+// Allocates the snapshot in TopTransactionContext; pop_active() or the transaction's end
+// frees it.
+inline void push_transaction() {
+  pg_call([] { PushActiveSnapshot(GetTransactionSnapshot()); });
+}
 // Pops the active snapshot. Raises only on a broken stack.
 inline void pop_active() {
   pg_call([] { PopActiveSnapshot(); });

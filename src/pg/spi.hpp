@@ -50,6 +50,18 @@ inline int execute_plan(SPIPlanPtr plan, Datum* values, const char* nulls, bool 
     return result;
   });
 }
+// Runs the read-only query `sql` (connected) with `count` arguments of `types`, `values`
+// (none NULL); the result stays in SPI_tuptable (in SPI's procedure context) until
+// free_result() or finish(). Keeps the caller's memory context current. Returns SPI's code
+// (negative: an SPI failure). Raises whatever the query raises.
+inline int execute_read_only(const char* sql, int count, Oid* types, Datum* values) {
+  MemoryContext caller_context = CurrentMemoryContext;
+  return pg_call([&] {
+    const int result = SPI_execute_with_args(sql, count, types, values, nullptr, true, 0);
+    MemoryContextSwitchTo(caller_context);
+    return result;
+  });
+}
 // Runs the read-only query `sql` (connected) and adds its rows to this call's materialized
 // result (srf::materialize). Raises 42804, naming `function`, when the query's columns are
 // not of the result's declared types; raises whatever the query raises. Allocates the rows in

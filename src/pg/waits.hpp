@@ -22,4 +22,15 @@ inline void on_latch(long timeout_ms) {
   });
 }
 
+// Sleeps on this backend's latch for up to `timeout_ms`, then resets it; pending interrupts
+// are left to the caller (InterruptPending tells). Exits with the postmaster. Raises (a wait
+// event set failure). Allocates nothing.
+inline void on_latch_leaving_interrupts(long timeout_ms) {
+  pg_call([&] {
+    (void)WaitLatch(MyLatch, WL_LATCH_SET | WL_TIMEOUT | WL_EXIT_ON_PM_DEATH, timeout_ms,
+                    PG_WAIT_EXTENSION);
+    ResetLatch(MyLatch);
+  });
+}
+
 }  // namespace idem::pg::waits

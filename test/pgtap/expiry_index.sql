@@ -12,7 +12,7 @@ SET client_min_messages = warning;
 CREATE EXTENSION amcheck;
 CREATE EXTENSION pageinspect;
 
-SELECT plan(17);
+SELECT plan(19);
 
 \ir include/indexes_whole.sql
 
@@ -78,6 +78,37 @@ SELECT is((SELECT status::text FROM done2), 'replay', 'claim + complete in one s
 SELECT is(found_by_expiry_index((SELECT expires_at FROM done2)), 1,
           'a scan of the expiry index finds the inbox key at its expiry');
 SELECT ok(indexes_whole(), 'every index holds every row after the inbox completion');
+
+-- A completion whose minute differs from the claim's: a claim's row expires at the end of its
+-- lease when that is later than its ttl (here an hour against a minute), its completion a
+-- minute after it completes. The BRIN must get the new minute, outside the summary of the
+-- claim's (an unchanged minute needs no entry: the summary holds it already).
+SELECT summarize_again();
+BEGIN;
+CREATE TEMP TABLE c3 AS SELECT * FROM idempotency.claim_key('moved-minute', ttl => '1 minute', lease => '1 hour');
+CREATE TEMP TABLE done3 AS
+  SELECT * FROM idempotency.complete_key('moved-minute', (SELECT token FROM c3), '{"ok": 3}'::jsonb, 200);
+COMMIT;
+SELECT ok((SELECT expires_at < (SELECT expires_at FROM c3) - interval '50 minutes' FROM done3),
+          'its expiry moved back to a minute after the completion');
+-- (as the cleanup asks: expired by then, read through the index; a summary that missed the
+-- new minute would leave its range out)
+CREATE FUNCTION found_expired_by(at timestamptz, wanted text) RETURNS int LANGUAGE plpgsql AS $$
+DECLARE n int;
+BEGIN
+  PERFORM set_config('enable_seqscan', 'off', true);
+  IF current_setting('server_version_num')::int >= 160000 THEN
+    SELECT count(*) FILTER (WHERE key = wanted) INTO n FROM idempotency.idempotency_keys
+     WHERE idempotency.expiry_bucket(expires_at) <= at AND expires_at <= at;
+  ELSE
+    SELECT count(*) FILTER (WHERE key = wanted) INTO n FROM idempotency.idempotency_keys
+     WHERE expires_at <= at;
+  END IF;
+  PERFORM set_config('enable_seqscan', 'on', true);
+  RETURN n;
+END $$;
+SELECT is(found_expired_by((SELECT expires_at FROM done3), 'moved-minute'), 1,
+          'a scan of the expiry index finds it at its new minute');
 
 -- The BRIN's key is the expiry rounded down to its minute: what the direct path wrote for
 -- the inbox key (its claim's row, then its completion, past the summary's end) is a whole

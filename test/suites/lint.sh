@@ -8,12 +8,12 @@ ensure_packages
 cd "$IDEM_ROOT"
 
 passed=0 failed=0
-if clang-format --dry-run -Werror src/*.cpp src/*.hpp; then
+if clang-format --dry-run -Werror src/*.cpp src/*.hpp src/pg/*.cpp src/pg/*.hpp; then
   echo "ok - clang-format"; passed=$((passed + 1))
 else
   echo "not ok - clang-format (run: make format)"; failed=$((failed + 1))
 fi
-tidy_output="$(clang-tidy --quiet src/*.cpp -- -x c++ -std=c++17 -D_GNU_SOURCE \
+tidy_output="$(clang-tidy --quiet src/*.cpp src/pg/*.cpp -- -x c++ -std=c++17 -D_GNU_SOURCE \
   -isystem "$("$IDEM_PG_CONFIG" --includedir-server)" \
   -isystem "$("$IDEM_PG_CONFIG" --includedir)/internal" 2>&1)"
 tidy_status=$?

@@ -4,7 +4,7 @@
 // indexes and statistics objects that run functions). Plain PostgreSQL code: palloc'd
 // strings, catalog scans, no C++ object with a destructor.
 #include "installation_check_internal.hpp"
-#include "key_layout.hpp"
+#include "../key_layout.hpp"
 
 namespace idem::installation_check {
 namespace {
@@ -35,7 +35,7 @@ bool grants_untrusted(Datum acl_datum, Oid owner, Oid* grantee) {
 }
 
 // Rights on the table `relation` (named `name`) or on one of its columns.
-// pg-frame: runs inside caller.cpp's pg_call only (owns no C++ object).
+// pg-frame: runs inside pg/installation.hpp's pg_call only (owns no C++ object).
 bool check_grants(Oid relation, const char* name, Oid owner, Refusal* refusal) {
   const char* hint = psprintf(
       "Only the extension owner may hold rights on its tables: REVOKE ALL ON idempotency.%s "
@@ -75,7 +75,7 @@ bool check_grants(Oid relation, const char* name, Oid owner, Refusal* refusal) {
 
 // The first row of `catalog` whose first index column (of `index`) is `relation`; the
 // value of its name column `name_column`, or nullptr when there is none.
-// pg-frame: runs inside caller.cpp's pg_call only (owns no C++ object).
+// pg-frame: runs inside pg/installation.hpp's pg_call only (owns no C++ object).
 const char* first_name_of(Oid catalog, Oid index, AttrNumber key_column, Oid relation,
                           AttrNumber name_column) {
   Relation rel = table_open(catalog, AccessShareLock);
@@ -109,7 +109,7 @@ constexpr ExpectedDefault kKeyTableDefaults[] = {{"scope", DefaultValue::kEmptyT
                                                  {"attempts", DefaultValue::kOne},
                                                  {"status", DefaultValue::kProcessing}};
 
-// pg-frame: runs inside caller.cpp's pg_call only (owns no C++ object).
+// pg-frame: runs inside pg/installation.hpp's pg_call only (owns no C++ object).
 bool is_expected_default(const Form_pg_attribute attribute, const char* expression) {
   const ExpectedDefault* expected = nullptr;
   for (const ExpectedDefault& candidate : kKeyTableDefaults)
@@ -136,7 +136,7 @@ bool is_expected_default(const Form_pg_attribute attribute, const char* expressi
 
 // The columns of `table`: no generated or identity column, no type that brings code of
 // someone else's, no default but the install script's.
-// pg-frame: runs inside caller.cpp's pg_call only (owns no C++ object).
+// pg-frame: runs inside pg/installation.hpp's pg_call only (owns no C++ object).
 bool check_columns(Relation table, const Objects& members, bool key_table, const char* what,
                    Refusal* refusal) {
   TupleDesc desc = RelationGetDescr(table);
@@ -175,7 +175,7 @@ bool check_columns(Relation table, const Objects& members, bool key_table, const
 
 // Indexes and statistics objects of `table`: no expressions, no predicate, nothing but
 // built-in access methods and operator classes (whose functions run at every insert).
-// pg-frame: runs inside caller.cpp's pg_call only (owns no C++ object).
+// pg-frame: runs inside pg/installation.hpp's pg_call only (owns no C++ object).
 bool check_indexes(Relation table, const char* what, Refusal* refusal) {
   List* indexes = RelationGetIndexList(table);
   ListCell* cell = nullptr;
@@ -241,7 +241,7 @@ bool check_indexes(Relation table, const char* what, Refusal* refusal) {
 
 // The triggers of `table` (named `what` in messages): none that a claim fires (TRUNCATE-only
 // and internal ones are allowed), and no foreign key, whose actions run code on the other table.
-// pg-frame: runs inside caller.cpp's pg_call only (owns no C++ object).
+// pg-frame: runs inside pg/installation.hpp's pg_call only (owns no C++ object).
 bool check_triggers(Relation table, const char* what, Refusal* refusal) {
   if (table->trigdesc != nullptr) {
     for (int i = 0; i < table->trigdesc->numtriggers; ++i) {
@@ -270,7 +270,7 @@ bool check_triggers(Relation table, const char* what, Refusal* refusal) {
 
 // No code attached to `table`, an extension table (`key_table`: idempotency_keys or one of
 // its Citus shards, which may keep the install script's defaults).
-// pg-frame: runs inside caller.cpp's pg_call only (owns no C++ object).
+// pg-frame: runs inside pg/installation.hpp's pg_call only (owns no C++ object).
 bool check_code(Relation table, const Objects& members, bool key_table, Refusal* refusal) {
   const Oid relation = RelationGetRelid(table);
   const char* what = psprintf("table %s", RelationGetRelationName(table));
@@ -316,7 +316,7 @@ bool check_code(Relation table, const Objects& members, bool key_table, Refusal*
 // The extension's table `name` in `schema`, checked: an ordinary table owned by a
 // superuser, no rights for anyone else, no code. InvalidOid (and no refusal) when it is
 // missing and `required` is false.
-// pg-frame: runs inside caller.cpp's pg_call only (owns no C++ object).
+// pg-frame: runs inside pg/installation.hpp's pg_call only (owns no C++ object).
 bool check_table(Oid schema, const Objects& members, const char* name, bool required, LOCKMODE lock,
                  Oid* table, Oid* owner, Refusal* refusal) {
   *table = get_relname_relid(name, schema);

@@ -4,7 +4,7 @@
 // strings, catalog scans, no C++ object with a destructor.
 #include "installation_check_internal.hpp"
 
-#include "citus_guard.hpp"
+#include "../citus_guard.hpp"
 
 namespace idem::installation_check {
 namespace {
@@ -15,7 +15,7 @@ struct OpenCatalogs {
   static constexpr int kCapacity = 16;
   Relation relations[kCapacity] = {};
   int count = 0;
-  // pg-frame: runs inside caller.cpp's pg_call only (owns no C++ object).
+  // pg-frame: runs inside pg/installation.hpp's pg_call only (owns no C++ object).
   Relation of(Oid class_id) {
     for (int i = 0; i < count; ++i)
       if (RelationGetRelid(relations[i]) == class_id) return relations[i];
@@ -23,7 +23,7 @@ struct OpenCatalogs {
     relations[count] = table_open(class_id, AccessShareLock);
     return relations[count++];
   }
-  // pg-frame: runs inside caller.cpp's pg_call only (owns no C++ object).
+  // pg-frame: runs inside pg/installation.hpp's pg_call only (owns no C++ object).
   void close() {
     for (int i = 0; i < count; ++i) table_close(relations[i], AccessShareLock);
     count = 0;
@@ -31,7 +31,7 @@ struct OpenCatalogs {
 };
 
 // "function idempotency.f(pg_catalog.text)": qualified whatever the caller's search_path.
-// pg-frame: runs inside caller.cpp's pg_call only (owns no C++ object).
+// pg-frame: runs inside pg/installation.hpp's pg_call only (owns no C++ object).
 const char* describe(const ObjectAddress& object) {
   return psprintf("%s %s", getObjectTypeDescription(&object, false),
                   getObjectIdentity(&object, false));
@@ -45,7 +45,7 @@ const char* describe(const ObjectAddress& object) {
 // ADMIN OPTION outside the superusers). Its members, if any, are still checked like every
 // other role's. Set a password or hand out ADMIN OPTION on it and it is refused like any
 // other member.
-// pg-frame: runs inside caller.cpp's pg_call only (owns no C++ object).
+// pg-frame: runs inside pg/installation.hpp's pg_call only (owns no C++ object).
 bool citus_transient_role(Oid role) {
   if (!citus_guard::citus_loaded()) return false;
   HeapTuple tuple = SearchSysCache1(AUTHOID, ObjectIdGetDatum(role));
@@ -74,7 +74,7 @@ bool citus_transient_role(Oid role) {
 // owner's default one, is `acl`), as has_schema_privilege sees it: PUBLIC, a grantee of CREATE, or
 // a role that has the privileges of one (a member of the owner, say). *creator is ACL_ID_PUBLIC for
 // PUBLIC.
-// pg-frame: runs inside caller.cpp's pg_call only (owns no C++ object).
+// pg-frame: runs inside pg/installation.hpp's pg_call only (owns no C++ object).
 bool untrusted_creator(Oid schema, Acl* acl, Oid* creator) {
   int count = 0;
   int capacity = 8;
@@ -120,7 +120,7 @@ bool untrusted_creator(Oid schema, Acl* acl, Oid* creator) {
 // distributed table's rows in tables named after it and the shard's number, in its schema)?
 // Sets *of_key_table when the table it shards is idempotency_keys, and *vanished when the
 // relation was dropped since it was listed (Citus drops a moved shard at any moment).
-// pg-frame: runs inside caller.cpp's pg_call only (owns no C++ object).
+// pg-frame: runs inside pg/installation.hpp's pg_call only (owns no C++ object).
 bool is_citus_shard(Oid relation, Oid schema, const Objects& members, bool* of_key_table,
                     bool* vanished) {
   if (!citus_guard::citus_loaded()) return false;
@@ -145,7 +145,7 @@ bool is_citus_shard(Oid relation, Oid schema, const Objects& members, bool* of_k
 
 // The object at `address` in the extension's schema: owned by a superuser, and not a
 // SECURITY DEFINER function (which would act for its owner: everyone's keys in one place).
-// pg-frame: runs inside caller.cpp's pg_call only (owns no C++ object).
+// pg-frame: runs inside pg/installation.hpp's pg_call only (owns no C++ object).
 bool check_object_owner(const ObjectAddress& address, OpenCatalogs& catalogs, Refusal* refusal) {
   const AttrNumber owner_column = get_object_attnum_owner(address.classId);
   if (owner_column == InvalidAttrNumber) return true;
@@ -176,7 +176,7 @@ bool check_object_owner(const ObjectAddress& address, OpenCatalogs& catalogs, Re
 }  // namespace
 
 // The schema itself: owned by a superuser, and nobody else may create objects in it.
-// pg-frame: runs inside caller.cpp's pg_call only (owns no C++ object).
+// pg-frame: runs inside pg/installation.hpp's pg_call only (owns no C++ object).
 bool check_schema(Oid schema, Refusal* refusal) {
   HeapTuple tuple = SearchSysCache1(NAMESPACEOID, ObjectIdGetDatum(schema));
   if (!HeapTupleIsValid(tuple))
@@ -216,7 +216,7 @@ bool check_schema(Oid schema, Refusal* refusal) {
 // Every object in `schema` (each one records a dependency on its schema, but those that
 // belong to another object: indexes, row and array types): a member of the extension, or a
 // Citus shard of one of its tables; each owned by a superuser; a shard without code.
-// pg-frame: runs inside caller.cpp's pg_call only (owns no C++ object).
+// pg-frame: runs inside pg/installation.hpp's pg_call only (owns no C++ object).
 bool check_objects(Oid schema, Oid extension, const Objects& members, Refusal* refusal) {
   const Objects objects = dependents_of(NamespaceRelationId, schema, 0);
   OpenCatalogs catalogs;

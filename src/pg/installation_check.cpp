@@ -2,7 +2,8 @@
 // order of the check (the schema, the extension, its tables, every object in the schema),
 // and the helpers every part uses. The tables are checked in installation_check_tables.cpp,
 // the schema and its objects in installation_check_schema.cpp. Plain PostgreSQL code:
-// palloc'd strings, catalog scans, no C++ object with a destructor.
+// palloc'd strings, catalog scans, no C++ object with a destructor. It sits in the layer
+// (src/pg/) because it runs only as the one call of pg::installation (installation.hpp).
 #include "installation_check_internal.hpp"
 
 namespace idem::installation_check {
@@ -13,7 +14,7 @@ constexpr const char* kSaltTableName = "key_lock_salt";
 }  // namespace
 
 // 'role "name"', or PUBLIC.
-// pg-frame: runs inside caller.cpp's pg_call only (owns no C++ object).
+// pg-frame: runs inside pg/installation.hpp's pg_call only (owns no C++ object).
 const char* quoted_role(Oid role) {
   if (role == ACL_ID_PUBLIC) return "PUBLIC";
   const char* name = GetUserNameFromId(role, true);
@@ -22,7 +23,7 @@ const char* quoted_role(Oid role) {
 
 // The objects that depend on (`class_id`, `object_id`), by a dependency of type `type`
 // (0: any), in one scan of pg_depend's reference index.
-// pg-frame: runs inside caller.cpp's pg_call only (owns no C++ object).
+// pg-frame: runs inside pg/installation.hpp's pg_call only (owns no C++ object).
 Objects dependents_of(Oid class_id, Oid object_id, char type) {
   Relation depend = table_open(DependRelationId, AccessShareLock);
   ScanKeyData keys[2];
@@ -50,7 +51,7 @@ Objects dependents_of(Oid class_id, Oid object_id, char type) {
   return found;
 }
 
-// pg-frame: runs inside caller.cpp's pg_call only (owns no C++ object).
+// pg-frame: runs inside a pg_call, or a function PostgreSQL calls, only (owns no C++ object).
 bool find_extension(Oid* extension, Oid* schema) {
   // pg_extension by name, read by OID-keyed catalog access: no statement, no search_path.
   *extension = InvalidOid;
@@ -71,7 +72,7 @@ bool find_extension(Oid* extension, Oid* schema) {
   return OidIsValid(*extension);
 }
 
-// pg-frame: runs inside caller.cpp's pg_call only (owns no C++ object).
+// pg-frame: runs inside pg/installation.hpp's pg_call only (owns no C++ object).
 bool examine(Oid schema, Found* found, Refusal* refusal) {
   if (!check_schema(schema, refusal)) return false;
   Oid extension = InvalidOid;

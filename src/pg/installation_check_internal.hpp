@@ -4,7 +4,7 @@
 // destructor.
 #pragma once
 
-#include "installation_check.hpp"
+#include "../installation_check.hpp"
 
 namespace idem::installation_check {
 
