@@ -3,6 +3,7 @@
 
 #include "key_heap_scan.hpp"
 #include "key_layout.hpp"
+#include "pg/storage.hpp"
 
 namespace idem::key_heap {
 
@@ -58,7 +59,7 @@ bool serialization_conflict(Relation table, TupleTableSlot* slot) {
 
 Relation OpenTable::table() {
   const bool opening = table_ == nullptr;
-  if (opening) pg_call([&] { table_ = table_open(oid_, RowExclusiveLock); });
+  if (opening) table_ = pg::storage::open_table(oid_, RowExclusiveLock);
   (void)key_layout::of(table_);  // a reload (after an invalidation) is checked again
   if (opening) route_.table_opened(table_);
   return table_;
@@ -74,14 +75,14 @@ int OpenTable::primary_key_position() {
 Relation OpenTable::primary_key() {
   const Oid wanted = key_layout::of(table()).primary_key;
   if (primary_key_ != nullptr && RelationGetRelid(primary_key_) == wanted) return primary_key_;
-  if (primary_key_alone_) pg_call([&] { index_close(primary_key_, NoLock); });
+  if (primary_key_alone_) pg::storage::close_index(primary_key_);
   primary_key_ = nullptr;
   primary_key_alone_ = false;
   const int position = primary_key_position();
   if (position >= 0 && position < index_count_ && RelationGetRelid(indexes_[position]) == wanted) {
     primary_key_ = indexes_[position];
   } else {
-    pg_call([&] { primary_key_ = index_open(wanted, RowExclusiveLock); });
+    primary_key_ = pg::storage::open_index(wanted, RowExclusiveLock);
     primary_key_alone_ = true;
   }
   return primary_key_;
@@ -94,14 +95,8 @@ void OpenTable::open_indexes() {
   bool same = index_count_ <= layout.index_count;
   for (int i = 0; same && i < index_count_; ++i)
     same = RelationGetRelid(indexes_[i]) == layout.index_oids[i];
-  pg_call([&] {
-    if (!same) {
-      for (int i = 0; i < index_count_; ++i) index_close(indexes_[i], NoLock);
-      index_count_ = 0;
-    }
-    for (; index_count_ < layout.index_count; ++index_count_)
-      indexes_[index_count_] = index_open(layout.index_oids[index_count_], RowExclusiveLock);
-  });
+  pg::storage::open_indexes(layout.index_oids, layout.index_count, RowExclusiveLock, !same,
+                            indexes_, &index_count_);
   if (!same && !primary_key_alone_) primary_key_ = nullptr;
 }
 
@@ -110,33 +105,63 @@ bool OpenTable::owner_may(AclMode privileges) {
   if ((refused_ & privileges) != 0) return false;
   // Table work always runs as the extension owner (caller::ActingAsOwner), so GetUserId() is
   // that owner here: the check matters only if a superuser revoked the owner's own rights.
-  const AclMode held =
-      pg_call([&] { return pg_class_aclmask(oid_, GetUserId(), privileges, ACLMASK_ALL); });
+  const AclMode held = pg::storage::user_privileges(oid_, privileges);
   granted_ |= held;
   refused_ |= privileges & ~held;
   return held == privileges;
 }
 
 void OpenTable::close() {
-  pg_call([&] {
-    for (int i = 0; i < index_count_; ++i) index_close(indexes_[i], NoLock);
-    if (primary_key_alone_) index_close(primary_key_, NoLock);
-    if (table_ != nullptr) table_close(table_, NoLock);
-  });
+  pg::storage::close_relations(indexes_, index_count_, primary_key_alone_ ? primary_key_ : nullptr,
+                               table_);
   table_ = nullptr;
   primary_key_ = nullptr;
   primary_key_alone_ = false;
   index_count_ = 0;
 }
 
+// pg-frame: runs inside pg::storage::read_key only (declared in key_heap_scan.hpp).
+ReadOutcome read_step(ReadFor purpose, Relation table, Relation primary_key, Read read,
+                      SnapshotData* dirty, text* owner, text* scope, text* key,
+                      TupleTableSlot** slot) {
+  *slot = table_slot_create(table, nullptr);
+  ReadOutcome outcome{};
+  outcome.seen = Seen::kNothing;
+  outcome.found = probe(table, primary_key, snapshot_of(read, dirty), owner, scope, key, *slot);
+  switch (purpose) {
+    case ReadFor::kFind:
+      outcome.taken = outcome.found;
+      break;
+    case ReadFor::kLook:
+      if (!outcome.found) break;
+      // The version found is the statement's row when the statement's snapshot sees it
+      // (never so for a version of another open transaction): of the versions of one key,
+      // that snapshot sees at most one.
+      if (table_tuple_satisfies_snapshot(table, *slot, snapshot_of(Read::kStatement, nullptr))) {
+        outcome.seen = Seen::kRow;
+        outcome.taken = true;
+        break;
+      }
+      // Neither an open transaction's version nor this transaction's own (a later command's):
+      // one committed after the snapshot.
+      if (!TransactionIdIsValid(dirty->xmin) && serialization_conflict(table, *slot))
+        raise_committed_after_snapshot(key);
+      outcome.seen = Seen::kUndecided;
+      break;
+    case ReadFor::kOpenWriter:
+      break;
+  }
+  if (outcome.taken) slot_getallattrs(*slot);
+  return outcome;
+}
+
 namespace {
 
-// Probes the primary key for (owner, scope, key) with `read` (Read::kDirty uses `dirty`).
-// `take` gets the table and the slot holding the version found (nullptr when there is none)
-// and says whether that version is the row to decode into `*row`.
-template <typename Take>
-void read_key(OpenTable& open, text* owner, text* scope, text* key, Read read, SnapshotData* dirty,
-              MemoryContext context, std::optional<KeyRow>* row, Take&& take) {
+// Probes the primary key for (owner, scope, key) with `read` (Read::kDirty uses `dirty`) and
+// decides as `purpose` asks (read_step); a version taken is decoded into `*row`.
+ReadOutcome read_key(OpenTable& open, ReadFor purpose, text* owner, text* scope, text* key,
+                     Read read, SnapshotData* dirty, MemoryContext context,
+                     std::optional<KeyRow>* row) {
   // No privilege check, unlike the writes: every caller acts as the extension owner, who owns
   // the table (caller.hpp); the caller's own rights are never what reads it.
   // The table and the primary key are locked as an INSERT locks them (claim_key may write
@@ -145,15 +170,11 @@ void read_key(OpenTable& open, text* owner, text* scope, text* key, Read read, S
   Relation primary_key = open.primary_key();
   // On an error, transaction abort releases what is open here (relations, pins, slot).
   TupleTableSlot* slot = nullptr;
-  bool taken = pg_call([&] {
-    slot = table_slot_create(relation, nullptr);
-    bool hit = probe(relation, primary_key, snapshot_of(read, dirty), owner, scope, key, slot);
-    const bool row_taken = take(relation, hit ? slot : nullptr);
-    if (row_taken) slot_getallattrs(slot);
-    return row_taken;
-  });
-  if (taken) *row = key_layout::decode_values(slot->tts_values, slot->tts_isnull, context);
-  pg_call([&] { ExecDropSingleTupleTableSlot(slot); });
+  const ReadOutcome outcome =
+      pg::storage::read_key(purpose, relation, primary_key, read, dirty, owner, scope, key, &slot);
+  if (outcome.taken) *row = key_layout::decode_values(slot->tts_values, slot->tts_isnull, context);
+  pg::storage::drop_slot(slot);
+  return outcome;
 }
 
 }  // namespace
@@ -163,50 +184,25 @@ std::optional<KeyRow> find(OpenTable& table, text* owner, text* scope, text* key
   std::optional<KeyRow> row;
   // An MVCC probe: under SERIALIZABLE, B-Tree and heap take the predicate locks on what it saw
   // (the leaf page, the tuple), as a SELECT's index scan does.
-  read_key(table, owner, scope, key, read, nullptr, context, &row,
-           [](Relation, TupleTableSlot* slot) { return slot != nullptr; });
+  read_key(table, ReadFor::kFind, owner, scope, key, read, nullptr, context, &row);
   return row;
 }
 
 Seen look(OpenTable& table, text* owner, text* scope, text* key, MemoryContext context,
           std::optional<KeyRow>* row) {
   SnapshotData dirty;
-  Seen seen = Seen::kNothing;
-  read_key(table, owner, scope, key, Read::kDirty, &dirty, context, row,
-           [&](Relation relation, TupleTableSlot* slot) {
-             if (slot == nullptr) return false;
-             // The version found is the statement's row when the statement's snapshot sees
-             // it (never so for a version of another open transaction): of the versions of
-             // one key, that snapshot sees at most one.
-             if (table_tuple_satisfies_snapshot(relation, slot,
-                                                snapshot_of(Read::kStatement, nullptr))) {
-               seen = Seen::kRow;
-               return true;
-             }
-             // Neither an open transaction's version nor this transaction's own (a later
-             // command's): one committed after the snapshot.
-             if (!TransactionIdIsValid(dirty.xmin) && serialization_conflict(relation, slot))
-               raise_committed_after_snapshot(key);
-             seen = Seen::kUndecided;
-             return false;
-           });
-  return seen;
+  return read_key(table, ReadFor::kLook, owner, scope, key, Read::kDirty, &dirty, context, row)
+      .seen;
 }
 
 bool written_by_open_transaction(OpenTable& table, text* owner, text* scope, text* key) {
   SnapshotData dirty;
-  bool open_writer = false;
   std::optional<KeyRow> unused;
-  read_key(table, owner, scope, key, Read::kDirty, &dirty, CurrentMemoryContext, &unused,
-           [&](Relation, TupleTableSlot* slot) {
-             // The dirty snapshot sets xmin for a version another open transaction inserted,
-             // xmax for one another open transaction updates or deletes (never for this
-             // transaction's own).
-             open_writer = slot != nullptr &&
-                           (TransactionIdIsValid(dirty.xmin) || TransactionIdIsValid(dirty.xmax));
-             return false;
-           });
-  return open_writer;
+  const ReadOutcome outcome = read_key(table, ReadFor::kOpenWriter, owner, scope, key, Read::kDirty,
+                                       &dirty, CurrentMemoryContext, &unused);
+  // The dirty snapshot sets xmin for a version another open transaction inserted, xmax for
+  // one another open transaction updates or deletes (never for this transaction's own).
+  return outcome.found && (TransactionIdIsValid(dirty.xmin) || TransactionIdIsValid(dirty.xmax));
 }
 
 }  // namespace idem::key_heap

@@ -22,6 +22,7 @@
 
 #include "key_layout.hpp"
 #include "key_row.hpp"
+#include "pg/errors.hpp"
 
 namespace idem::key_heap {
 
@@ -81,7 +82,7 @@ class OpenTable {
 using key_store::ClaimValues;
 using key_store::KeyRow;
 using key_store::Outcome;
-using key_store::raise_committed_after_snapshot;
+using pg::errors::raise_committed_after_snapshot;
 
 // The row of (owner, scope, key) that this transaction sees with `read` (Read::kStatement
 // or Read::kLatest). Under SERIALIZABLE the probe takes the predicate locks a SELECT would.

@@ -1,6 +1,8 @@
 // The key table's layout, as the direct path uses it (key_layout.hpp).
 #include "key_layout.hpp"
 
+#include "pg/storage.hpp"
+
 namespace idem::key_layout {
 namespace {
 
@@ -19,7 +21,8 @@ bool states_kept = false;
 
 // Releases every kept insert state: on 17+ the range map's pins, taken under the top
 // resource owner (which must be current to release them), then their memory.
-// pg-frame: runs inside pg_call or a callback only (owns no C++ object).
+// pg-frame: runs inside pg::storage::read_layout's pg_call or a callback only (owns no C++
+// object).
 void release_insert_states() {
   if (!states_kept) return;
   states_kept = false;
@@ -39,6 +42,7 @@ void release_insert_states() {
 }
 
 // Before the resource owner looks for leaked pins at the transaction's end.
+// pg-frame: a transaction callback, called by PostgreSQL (owns no C++ object).
 void release_at_transaction_end(XactEvent event, void*) {
   if (event == XACT_EVENT_PRE_COMMIT || event == XACT_EVENT_PARALLEL_PRE_COMMIT ||
       event == XACT_EVENT_PRE_PREPARE || event == XACT_EVENT_ABORT ||
@@ -46,6 +50,7 @@ void release_at_transaction_end(XactEvent event, void*) {
     release_insert_states();
 }
 
+// pg-frame: a relcache invalidation callback, called by PostgreSQL (owns no C++ object).
 void forget_layout(Datum, Oid relation) {
   ++invalidations;
   release_insert_states();
@@ -56,19 +61,14 @@ void forget_layout(Datum, Oid relation) {
 
 // ALTER TYPE ... RENAME VALUE keeps a label's OID and changes its name: the cached OIDs of
 // 'processing' and 'completed' must be looked up again (and refused if they are gone).
+// pg-frame: a syscache invalidation callback, called by PostgreSQL (owns no C++ object).
 void forget_labels(Datum, SyscacheId, uint32) {
   ++invalidations;
   release_insert_states();
   layout.table = InvalidOid;
 }
 
-// What makes the table unusable by this version (the executor path would misread it too).
-enum class LayoutProblem { kNone, kMissingColumn, kColumnType, kLabel, kPrimaryKey, kOldVersion };
 constexpr const char* kStatusLabels[] = {"processing", "completed"};
-struct LayoutCheck {
-  LayoutProblem problem = LayoutProblem::kNone;
-  int column = 0;
-};
 
 // The key's identity since 1.2: (key, scope, owner), all compared bytewise. The key comes
 // first so that descents compare mostly keys, read at a fixed offset; the owner is the
@@ -83,7 +83,7 @@ bool is_our_primary_key(Relation index, const Layout& l) {
 }
 
 // Is `info` an index over expiry_bucket(expires_at), and nothing else?
-// pg-frame: runs inside pg_call only (owns no C++ object).
+// pg-frame: runs inside pg::storage::read_layout only (owns no C++ object).
 bool is_expiry_bucket_index(const IndexInfo* info, const Layout& l) {
   return info->ii_NumIndexAttrs == 1 && info->ii_IndexAttrNumbers[0] == 0 &&
          is_expiry_bucket_key(info->ii_Expressions, l.attnum[kExpiresAt]);
@@ -96,7 +96,7 @@ void needs(Layout& l, route::ExecutorReason reason) {
 
 // Finds each of our columns in the table's descriptor, checking its type; a column the
 // direct path cannot write as the executor would sends writes to the executor.
-// pg-frame: runs inside pg_call only (owns no C++ object).
+// pg-frame: runs inside pg::storage::read_layout only (owns no C++ object).
 LayoutCheck read_columns(TupleDesc desc, Layout& l) {
   for (int i = 0; i < desc->natts; ++i) {
     Form_pg_attribute attribute = TupleDescAttr(desc, i);
@@ -135,7 +135,7 @@ LayoutCheck read_columns(TupleDesc desc, Layout& l) {
 
 // Finds the primary key and the indexes a direct write maintains; an index the direct path
 // cannot maintain as the executor would sends writes to the executor.
-// pg-frame: runs inside pg_call only (owns no C++ object).
+// pg-frame: runs inside pg::storage::read_layout only (owns no C++ object).
 LayoutCheck read_indexes(Relation table, Layout& l) {
   List* indexes = RelationGetIndexList(table);
   if (list_length(indexes) > kMaxIndexes) needs(l, route::ExecutorReason::kIndexKind);
@@ -174,7 +174,7 @@ LayoutCheck read_indexes(Relation table, Layout& l) {
 }
 
 // Fills `l` from the open table.
-// pg-frame: runs inside pg_call only (owns no C++ object).
+// pg-frame: runs inside pg::storage::read_layout only (owns no C++ object).
 LayoutCheck read_layout(Relation table, Layout& l) {
   TupleDesc desc = RelationGetDescr(table);
   if (table->rd_rel->relkind != RELKIND_RELATION || table->rd_rel->relam != HEAP_TABLE_AM_OID ||
@@ -193,24 +193,31 @@ LayoutCheck read_layout(Relation table, Layout& l) {
   return read_indexes(table, l);
 }
 
+}  // namespace
+
+// pg-frame: runs inside pg::storage::read_layout only (owns no C++ object).
+LayoutCheck read_into_cache(Relation table) {
+  release_insert_states();
+  layout.table = InvalidOid;
+  if (layout.memory == nullptr)
+    layout.memory =
+        AllocSetContextCreate(TopMemoryContext, "idempotency table layout", ALLOCSET_SMALL_SIZES);
+  else
+    MemoryContextReset(layout.memory);
+  Layout loaded;
+  loaded.memory = layout.memory;
+  LayoutCheck result = read_layout(table, loaded);
+  layout = loaded;
+  return result;
+}
+
+namespace {
+
 void load_layout(Relation table) {
   LayoutCheck check;
   for (uint64 seen = invalidations - 1; seen != invalidations;) {
     seen = invalidations;
-    check = pg_call([&] {
-      release_insert_states();
-      layout.table = InvalidOid;
-      if (layout.memory == nullptr)
-        layout.memory = AllocSetContextCreate(TopMemoryContext, "idempotency table layout",
-                                              ALLOCSET_SMALL_SIZES);
-      else
-        MemoryContextReset(layout.memory);
-      Layout loaded;
-      loaded.memory = layout.memory;
-      LayoutCheck result = read_layout(table, loaded);
-      layout = loaded;
-      return result;
-    });
+    check = pg::storage::read_layout(table);
   }
   const std::string column = kColumns[check.column].name;
   switch (check.problem) {
@@ -281,7 +288,7 @@ key_store::KeyRow decode_values(const Datum* values, const bool* nulls, MemoryCo
       context);
 }
 
-// pg-frame: runs inside pg_call only (owns no C++ object).
+// pg-frame: runs inside a pg_call of src/pg/ only (owns no C++ object).
 MemoryContext insert_states_context() {
   if (insert_states == nullptr)
     insert_states = AllocSetContextCreate(TopMemoryContext, "idempotency BRIN insert states",
@@ -305,6 +312,8 @@ IDEM_SQL_FUNCTION(expiry_bucket, idem::key_layout::sql_expiry_bucket)
 
 namespace idem::key_layout {
 
+// pg-frame: runs inside pg::storage::read_layout or a pg_call of the cleanup only (owns no
+// C++ object): fmgr_info raises for a function gone.
 bool is_expiry_bucket_key(const List* expressions, AttrNumber expires_at) {
   if (list_length(expressions) != 1 || !IsA(linitial(expressions), FuncExpr)) return false;
   const FuncExpr* call = castNode(FuncExpr, linitial(expressions));

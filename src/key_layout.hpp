@@ -84,6 +84,19 @@ key_store::KeyRow decode_values(const Datum* values, const bool* nulls, MemoryCo
 MemoryContext insert_states_context();
 void insert_states_kept();
 
+// What makes the table unusable by this version (the executor path would misread it too), and
+// the column or label concerned.
+enum class LayoutProblem { kNone, kMissingColumn, kColumnType, kLabel, kPrimaryKey, kOldVersion };
+struct LayoutCheck {
+  LayoutProblem problem = LayoutProblem::kNone;
+  int column = 0;
+};
+// Reads the layout of `table` (open and locked) into the cache, from the catalogs and the
+// relcache: the one step that pg::storage::read_layout runs, whole, under one pg_call (of()
+// calls it, and again when a relcache invalidation arrived meanwhile).
+// pg-frame: runs inside pg::storage::read_layout only (owns no C++ object).
+LayoutCheck read_into_cache(Relation table);
+
 // Registers the callbacks that forget the cached layout; called from _PG_init.
 void on_load();
 

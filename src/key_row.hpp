@@ -3,7 +3,7 @@
 #pragma once
 
 #include "pg.hpp"
-#include "pg_boundary.hpp"
+#include "pg/fmgr.hpp"
 #include "reads.hpp"
 
 namespace idem::key_store {
@@ -193,18 +193,6 @@ inline bool same_bytes(const bytea* a, const bytea* b) {
          memcmp(VARDATA_ANY(a), VARDATA_ANY(b), VARSIZE_ANY_EXHDR(a)) == 0;
 }
 
-// As INSERT .. ON CONFLICT does: a transaction that reads with one snapshot (REPEATABLE READ,
-// SERIALIZABLE) cannot decide from a version of the key committed after that snapshot. Both
-// paths raise it where they find such a version.
-// pg-frame: raises; called inside pg_call.
-inline void raise_committed_after_snapshot(text* key) {
-  ereport(ERROR, (errcode(ERRCODE_T_R_SERIALIZATION_FAILURE),
-                  errmsg("could not serialize access due to concurrent update"),
-                  errdetail("Idempotency key \"%s\" was written by a transaction that "
-                            "committed after this transaction's snapshot.",
-                            text_to_cstring(key))));
-}
-
 // Builds a KeyRow from `column(number, &is_null)` (numbers of RowColumn; the status is
 // passed as `completed`), copying varlena values into `context` so they outlive the scan.
 // A NULL where the table has NOT NULL is refused, never dereferenced.
@@ -222,12 +210,7 @@ KeyRow decode_columns(ColumnReader&& column, bool completed, MemoryContext conte
     bool is_null = false;
     Datum value = column(number, &is_null);
     if (is_null) return nullptr;
-    return pg_call([&] {
-      MemoryContext old = MemoryContextSwitchTo(context);
-      struct varlena* copy = PG_DETOAST_DATUM_COPY(value);
-      MemoryContextSwitchTo(old);
-      return copy;
-    });
+    return pg::fmgr::detoast_copy(value, context);
   };
   KeyRow row{};
   bool is_null = false;

@@ -2,14 +2,25 @@
 // Every wrapper catches (pg_call): the error arrives as PgError.
 #pragma once
 
-#include "../key_row.hpp"
+#include "../pg_boundary.hpp"
 
 namespace idem::pg::errors {
 
+// As INSERT .. ON CONFLICT does: a transaction that reads with one snapshot (REPEATABLE READ,
+// SERIALIZABLE) cannot decide from a version of the key committed after that snapshot. Both
+// paths raise it where they find such a version.
+// pg-frame: raises 40001; called inside pg_call (the direct path's reads and writes).
+inline void raise_committed_after_snapshot(text* key) {
+  ereport(ERROR, (errcode(ERRCODE_T_R_SERIALIZATION_FAILURE),
+                  errmsg("could not serialize access due to concurrent update"),
+                  errdetail("Idempotency key \"%s\" was written by a transaction that "
+                            "committed after this transaction's snapshot.",
+                            text_to_cstring(key))));
+}
 // Raises 40001 for a key written by a transaction that committed after this transaction's
-// snapshot (key_store::raise_committed_after_snapshot), as PgError. Always throws.
+// snapshot (raise_committed_after_snapshot), as PgError. Always throws.
 [[noreturn]] inline void committed_after_snapshot(text* key) {
-  pg_call([&] { key_store::raise_committed_after_snapshot(key); });
+  pg_call([&] { raise_committed_after_snapshot(key); });
   throw Error(ERRCODE_INTERNAL_ERROR, "raise_committed_after_snapshot returned");
 }
 // `time` as timestamptz_to_str writes it (DateStyle, TimeZone). Raises not. Returns a

@@ -46,4 +46,16 @@ inline TimestampTz plus_interval(TimestampTz time, const Interval& interval) {
   });
 }
 
+// The storage files' wrappers (key_row.hpp, key_heap*.cpp).
+// `value` detoasted into a copy of its own in `context` (a varlena read from a row, kept past
+// the scan). Raises (out of memory, a toast read error). Allocates the copy in `context`.
+inline struct varlena* detoast_copy(Datum value, MemoryContext context) {
+  return pg_call([&] {
+    MemoryContext old = MemoryContextSwitchTo(context);
+    struct varlena* copy = PG_DETOAST_DATUM_COPY(value);
+    MemoryContextSwitchTo(old);
+    return copy;
+  });
+}
+
 }  // namespace idem::pg::fmgr
