@@ -7,6 +7,7 @@
 //   node clients/node/conformance-consumer.js
 'use strict';
 
+const fs = require('fs');
 const amqp = require('amqplib');
 const { Pool } = require('pg');
 const { consume, PermanentError } = require('.');
@@ -70,6 +71,8 @@ async function main() {
   };
   process.once('SIGTERM', () => { stop('SIGTERM'); });
   process.once('SIGINT', () => { stop('SIGINT'); });
+  // READY_FILE (the broker harness): created once SIGTERM stops the consumer gracefully.
+  if (env.READY_FILE) fs.writeFileSync(env.READY_FILE, '');
   conn.on('close', () => {
     if (stopping) return;
     console.error(`[${consumerId}] broker connection closed`);

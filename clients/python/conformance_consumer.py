@@ -49,6 +49,11 @@ def main() -> None:
     lease = float(env["IDEM_LEASE_SECONDS"]) if env.get("IDEM_LEASE_SECONDS") else None
     consumer = Consumer(database_url, handler, mode=mode, prefetch=int(env.get("PREFETCH") or 50),
                         lease_seconds=lease if mode == "two_phase" else None, on_commit=on_commit)
+    # READY_FILE (the broker harness): created once SIGTERM stops the consumer gracefully (run()
+    # installs the same handler again).
+    signal.signal(signal.SIGTERM, lambda *_: consumer.stop())
+    if env.get("READY_FILE"):
+        open(env["READY_FILE"], "w").close()
     consumer.run(pika.URLParameters(env["AMQP_URL"]), env["QUEUE"])
     print(json.dumps({"consumer": consumer_id, "mode": mode, "commits": commits, **consumer.counts}), flush=True)
 

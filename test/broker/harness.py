@@ -145,6 +145,7 @@ class Run:
         env.update({"AMQP_URL": self.args.amqp_url, "DATABASE_URL": self.args.database_url, "QUEUE": queue,
                     "CONSUMER_MODE": mode, "PREFETCH": str(self.args.prefetch), "CONSUMER_ID": name,
                     "IDEM_LEASE_SECONDS": str(self.args.lease)})
+        env["READY_FILE"] = self.ready_file(name)
         env.pop("CRASH_AFTER_COMMIT", None)
         if crash_after:
             env["CRASH_AFTER_COMMIT"] = str(crash_after)
@@ -156,6 +157,10 @@ class Run:
         log.close()
         self.figures["consumer_starts"] += 1
         return proc
+
+    def ready_file(self, name):
+        """The file a consumer creates once SIGTERM stops it gracefully (READY_FILE)."""
+        return os.path.join(self.args.log_dir, "%s.ready" % name)
 
     @staticmethod
     def stop(proc, sig):
@@ -258,8 +263,13 @@ class Run:
                 # Each consumer is consuming (registered with the broker, so past its start-up)
                 # before it is asked to stop: a process killed by SIGTERM before it could install
                 # its handler says nothing about its graceful stop.
+                # The broker's count alone is not enough: a consumer killed just before may still
+                # be counted while the one started in its place has not yet set up its handler.
+                # Each live consumer says so itself (READY_FILE).
                 for _ in range(600):
-                    if self.consumers_registered(queue) >= len([p for p in procs.values() if p.poll() is None]):
+                    live = [n for n, p in procs.items() if p.poll() is None]
+                    if self.consumers_registered(queue) >= len(live) and \
+                            all(os.path.exists(self.ready_file(n)) for n in live):
                         break
                     time.sleep(0.05)
                 for p in procs.values():

@@ -105,6 +105,13 @@ func main() {
 		return err
 	}
 	queue := os.Getenv("QUEUE")
+	// READY_FILE (the broker harness): created once SIGTERM stops the consumer gracefully (the
+	// context above ends Run; everything that could fail on a signal is done).
+	if ready := os.Getenv("READY_FILE"); ready != "" {
+		if err := os.WriteFile(ready, nil, 0o644); err != nil {
+			log.Fatalf("READY_FILE: %v", err)
+		}
+	}
 	log.Printf("consuming %s (%s, prefetch %d)", queue, os.Getenv("CONSUMER_MODE"), opts.Prefetch)
 	err = idempotency.NewConsumer(opts).Run(ctx, ch, queue)
 	if err != nil && !errors.Is(err, context.Canceled) {
