@@ -223,12 +223,13 @@ bool insert_index_entries(Relation table, const OpenTable& open, Datum* values, 
           TimestampTzGetDatum(key_layout::expiry_bucket(DatumGetTimestampTz(values[expires_at])));
       key_nulls[0] = nulls[expires_at];
       columns = uint64{1} << expires_at;
-    }
-    for (int k = 0; k < info->ii_NumIndexAttrs && info->ii_IndexAttrNumbers[k] != 0; ++k) {
-      AttrNumber attnum = info->ii_IndexAttrNumbers[k];
-      key_values[k] = values[attnum - 1];
-      key_nulls[k] = nulls[attnum - 1];
-      columns |= uint64{1} << (attnum - 1);
+    } else {
+      for (int k = 0; k < info->ii_NumIndexAttrs; ++k) {
+        AttrNumber attnum = info->ii_IndexAttrNumbers[k];
+        key_values[k] = values[attnum - 1];
+        key_nulls[k] = nulls[attnum - 1];
+        columns |= uint64{1} << (attnum - 1);
+      }
     }
     bool unchanged = changed && (columns & *changed) == 0;
     IndexUniqueCheck check = !index->rd_index->indisunique ? UNIQUE_CHECK_NO
