@@ -211,11 +211,15 @@ drain() {
   q "ALTER SYSTEM RESET idempotency.cleanup_worker" >/dev/null
   q "SELECT pg_reload_conf()" >/dev/null
 }
-# The worker's batch lines logged during a window (the throttle's DEBUG2 line, one per batch)
-# and its rounds, appended to $DIR/batches.log and $DIR/rounds.log.
+# The worker's batch lines logged from the start of a window with a cleanup to its end (the
+# throttle's DEBUG2 line, one per batch), appended to $DIR/batches.log; and the rounds that ran
+# in it, to their end (a round lasts up to 10 s: the one under way when the window ends is
+# stopped by the drain), appended to $DIR/rounds.log.
 log_offset() { stat -c %s "$DIR/server.log"; }
 keep_batches() { # OFFSET
   tail -c +"$(($1 + 1))" "$DIR/server.log" | grep -a 'idempotency cleanup: batch of' >>"$DIR/batches.log" || true
+}
+keep_rounds() { # OFFSET
   tail -c +"$(($1 + 1))" "$DIR/server.log" | grep -a 'idempotency cleanup of database [0-9]*: round of .* keys deleted' >>"$DIR/rounds.log" || true
 }
 : >"$DIR/batches.log"
@@ -226,15 +230,16 @@ left=1
 for ((r = 1; r <= REPS; r++)); do
   load "$LATENCY_ROWS"
   run_pgbench "without_$r"
+  offset="$(log_offset)"
   set_interval 100ms
   base="$(deleted_so_far)"
-  offset="$(log_offset)"
   run_pgbench "during_$r"
   keep_batches "$offset"
   during_deleted=$((during_deleted + $(deleted_so_far) - base))
   ((left > 0)) && left="$(q "SELECT count(*) FROM idempotency_keys WHERE key LIKE 'expired-%'")"
   set_interval 1h
   drain
+  keep_rounds "$offset"
   read -r _ _ p99w < <("$HERE/cleanup/percentiles.sh" "$DIR"/without_$r.*)
   read -r _ _ p99d < <("$HERE/cleanup/percentiles.sh" "$DIR"/during_$r.*)
   per_rep+=" $(ratio "$p99d" "$p99w")"
@@ -263,7 +268,7 @@ batches="$(awk -v s="$window_s" -v rounds="$rounds" '
       if ($11 > 0 && $11 >= $4) by_cpu++ }
     END {
       if (n == 0) { print "  (no batch logged)"; exit }
-      printf "  %d batches in %d s (%.0f a second, in %d rounds), %d saw others working; %.0f keys a batch\n", n, s, n / s, rounds, busy, keys / n
+      printf "  %d batches in %d s (%.0f a second, in %d rounds, each a process), %d saw others working; %.0f keys a batch\n", n, s, n / s, rounds, busy, keys / n
       printf "  keys deleted by the batches that saw others working: %.0f a second (the others ran before the clients'"'"' first claims)\n", busy_keys / s
       printf "  seen at each look (means): %.0f transactions of others since the last, %.2f snapshots\n", xids / n, snaps / n
       printf "  paused %.0f ms a second (%d pauses set by the CPU share); the batches on a CPU %.1f%% of the time\n", paused / s, by_cpu, 100 * cpu / (s * 1e6)

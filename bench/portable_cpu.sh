@@ -47,6 +47,7 @@ for db in cpp portable before; do
 done
 pg_psql -d cpp -c "GRANT SELECT, INSERT, UPDATE ON pl_keys, plp_keys TO bench_app" \
   -c "UPDATE pl_keys SET owner = 'bench_app', owner_oid = 'bench_app'::regrole" -c "VACUUM ANALYZE pl_keys" \
+  -c "GRANT SELECT, INSERT ON plp_secrets TO bench_app" \
   -c "UPDATE plp_keys SET owner = 'bench_app', owner_oid = 'bench_app'::regrole" -c "VACUUM ANALYZE plp_keys" >/dev/null
 
 # Each workload is a procedure of its own (its statement planned once per session, as a
@@ -72,7 +73,7 @@ for label, form in (("new key", new), ("replay", replay), ("claim + complete", i
         (f"C++: {label}", "cpp", form.format(**cpp)),
         (f"hand-written, checked: {label}", "cpp", form.format(**checked)),
         (f"hand-written, no checks: {label}", "cpp", form.format(**plain)),
-        (f"hand-written, same promises: {label}", "cpp", form.format(**promised)),
+        (f"hand-written, same checks: {label}", "cpp", form.format(**promised)),
         (f"portable before: {label}", "before", form.format(**port)),
         (f"portable now: {label}", "portable", form.format(**port)),
     ]

@@ -17,8 +17,9 @@ $node->append_conf('postgresql.conf', q{
 shared_preload_libraries = 'idempotency'
 idempotency.cleanup_interval = '100ms'
 # One key per transaction: a round over the 30000 keys below would take many seconds, so
-# the DROP DATABASE test shows that a round stops after about a second (and the next one
-# starts at once) instead of keeping its connection to the database.
+# the DROP DATABASE test shows that a round stops after the batch under way when a command
+# wants the database alone (and the next one waits to enter) instead of keeping its
+# connection to the database for its 10 s.
 idempotency.cleanup_batch_size = 1
 idempotency.cleanup_delay = 0
 # Cluster.pm turns it off; the crash-restart cycle is what kill -9 tests here.
@@ -96,8 +97,10 @@ ok($node->poll_query_until('postgres', q{
 # --- DROP DATABASE of a served database ----------------------------------------------
 # Every 100 ms a worker connects to each database for one round. DROP DATABASE (without
 # FORCE) fails after 5 s if another process stays connected: each drop below must succeed,
-# and quickly, while the worker is busy deleting 30000 keys one by one (about 10 s of
-# work, split into rounds of about a second).
+# and quickly, while the worker is busy deleting 30000 keys one by one (about 10 s of work,
+# a round of up to 10 s, which leaves after the batch under way when a command wants the
+# database alone). ALTER DATABASE RENAME and CREATE DATABASE from a template wait for the
+# other connections in the same way: one served database is renamed, one copied, first.
 for my $i (1 .. 5) {
   $node->safe_psql('postgres', "CREATE DATABASE served$i");
   $node->safe_psql("served$i", 'CREATE EXTENSION idempotency');
@@ -107,6 +110,22 @@ for my $i (1 .. 5) {
      WHERE backend_type = 'idempotency cleanup' AND datname = current_database()})
     or diag("no worker seen in served$i before the drop");
   worker_priority_is_the_servers("served$i") if $i == 1;
+  if ($i == 2) {
+    my ($rc, $out, $err) = $node->psql('postgres', "ALTER DATABASE served2 RENAME TO renamed2");
+    is($rc, 0, 'ALTER DATABASE RENAME of a served database succeeds while the worker serves it')
+      or diag($err);
+    $node->safe_psql('postgres', 'ALTER DATABASE renamed2 RENAME TO served2') if $rc == 0;
+    $node->poll_query_until('served2', q{
+      SELECT count(*) > 0 FROM pg_stat_activity
+       WHERE backend_type = 'idempotency cleanup' AND datname = current_database()})
+      or diag('no worker seen in served2 after the renames');
+  }
+  if ($i == 3) {
+    my ($rc, $out, $err) = $node->psql('postgres', 'CREATE DATABASE copy3 TEMPLATE served3');
+    is($rc, 0, 'CREATE DATABASE from a served database succeeds while the worker serves it')
+      or diag($err);
+    $node->safe_psql('postgres', 'DROP DATABASE IF EXISTS copy3');
+  }
   my $start = time();
   my ($rc, $out, $err) = $node->psql('postgres', "DROP DATABASE served$i");
   my $took = time() - $start;
@@ -192,7 +211,7 @@ add_expired('keep', 'third', 100);
 ok(wait_cleaned('keep', 'third'), 'and cleanup resumes');
 
 # Killing a database worker in the middle of a round: a worker is caught while rows remain.
-# A worker lives about a second; on a loaded machine the one found may have ended before the
+# A worker lives up to 10 s; on a loaded machine the one found may have ended before the
 # signal reaches it (kill then signals no process): take the next one until a kill lands,
 # so that the verdict below never depends on the machine's speed.
 add_expired('keep', 'fourth', 5000);

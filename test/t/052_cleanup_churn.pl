@@ -5,7 +5,7 @@
 # start no pass over the keys of dropped roles. Then a DROP ROLE does start one, which deletes
 # the dropped role's keys. The verdicts are events: the keys gone while the attacker's loop
 # still runs (pg_stat_activity), the worker's rounds and passes in idempotency_stats. How many
-# rounds the deletion took is printed, not judged: a round ends after a second of work, so the
+# rounds the deletion took is printed, not judged: a round ends after 10 s of work, so the
 # count depends on the machine's speed (under load the throttle's batches of a busy server
 # spread 2,000 keys over more than two rounds; the bug this guards against deleted none for as
 # long as the attack lasted). The attacker's pace (a short sleep between changes) is no part
