@@ -268,7 +268,7 @@ batches="$(awk -v s="$window_s" -v rounds="$rounds" '
       if ($11 > 0 && $11 >= $4) by_cpu++ }
     END {
       if (n == 0) { print "  (no batch logged)"; exit }
-      printf "  %d batches in %d s (%.0f a second, in %d rounds, each a process), %d saw others working; %.0f keys a batch\n", n, s, n / s, rounds, busy, keys / n
+      printf "  %d batches in %d s (%.0f a second, in %d rounds), %d saw others working; %.0f keys a batch\n", n, s, n / s, rounds, busy, keys / n
       printf "  keys deleted by the batches that saw others working: %.0f a second (the others ran before the clients'"'"' first claims)\n", busy_keys / s
       printf "  seen at each look (means): %.0f transactions of others since the last, %.2f snapshots\n", xids / n, snaps / n
       printf "  paused %.0f ms a second (%d pauses set by the CPU share); the batches on a CPU %.1f%% of the time\n", paused / s, by_cpu, 100 * cpu / (s * 1e6)
@@ -276,10 +276,11 @@ batches="$(awk -v s="$window_s" -v rounds="$rounds" '
 [[ -s $DIR/batches.txt ]] && batches+="
   a batch took $(pctl 5) on the clock, $(pctl 6) on the CPU
   $(awk '$9 == 1 { f++; fc += $6 } $9 > 1 { o++; oc += $6 } END {
-      printf "on the CPU: a run'"'"'s first batch %.0f us (%d), the others %.0f us (means)", f ? fc / f : 0, f, o ? oc / o : 0 }' "$DIR/batches.txt")
-  $(sed -nE 's/.*round of ([0-9]+) ms, ([0-9]+) keys deleted.* ([0-9]+) ms on CPU since the process started.*/\1 \2 \3/p' "$DIR/rounds.log" |
-    awk '{ n++; ms += $1; keys += $2; cpu += $3 } END { if (n) printf "a round (one process): %.0f ms, %.0f keys, %.1f ms on the CPU from the process'"'"'s start (means of %d)", ms / n, keys / n, cpu / n, n }')
-  $(sed -nE 's/.*cleanup of database ([0-9]+): round of ([0-9]+) ms.* ([0-9]+) ms on CPU since the process started.*/\1 \3/p' "$DIR/rounds.log" |
+      printf "on the CPU: a round'"'"'s first batch %.0f us (%d), the others %.0f us (means)", f ? fc / f : 0, f, o ? oc / o : 0 }' "$DIR/batches.txt")
+  $(sed -nE 's/.*round of ([0-9]+) ms, ([0-9]+) keys deleted.* ([0-9]+) ms on CPU in it .*, round ([0-9]+) of its process.*/\1 \2 \3 \4/p' "$DIR/rounds.log" |
+    awk '{ n++; ms += $1; keys += $2; cpu += $3; if ($4 == 1) { starts++; start_cpu += $3 } }
+      END { if (n) printf "a round: %.0f ms, %.0f keys, %.1f ms on the CPU (means of %d); %d processes started, a first round %.1f ms on the CPU from the process'"'"'s start (mean)", ms / n, keys / n, cpu / n, n, starts, starts ? start_cpu / starts : 0 }')
+  $(sed -nE 's/.*cleanup of database ([0-9]+): round of ([0-9]+) ms.* ([0-9]+) ms on CPU in it .*/\1 \3/p' "$DIR/rounds.log" |
     awk -v s="$window_s" '{ n[$1]++; cpu[$1] += $2 } END { printf "the workers on a CPU, by database:"; for (d in n) printf " %s: %d rounds, %.0f ms a second (%.1f%%);", d, n[d], cpu[d] / s, cpu[d] / s / 10 }')"
 mkdir -p "$(dirname "$OUT_FILE")" && cp "$DIR/batches.txt" "${OUT_FILE%.txt}-batches.txt" && cp "$DIR/rounds.log" "${OUT_FILE%.txt}-rounds.txt" || true
 

@@ -13,7 +13,6 @@
 #include "pg/catalog.hpp"
 #include "pg/gucs.hpp"
 #include "pg/installation.hpp"
-#include "pg/locks.hpp"
 #include "pg/snapshots.hpp"
 #include "pg/spi.hpp"
 #include "pg/transactions.hpp"
@@ -105,11 +104,9 @@ void pause(Throttle& throttle, uint64 deleted, Progress& progress) {
 }
 
 // Should the run stop here (keys may be left)? Its time is up, the process is asked to stop,
-// a command waits for the worker to leave the database, or the backend that waits for it is
-// gone.
+// or the backend that waits for it is gone.
 bool should_stop(const Request& request, TimestampTz started) {
   if (worker_session::stop_requested()) return true;
-  if (request.leave_database && pg::locks::database_wanted_alone()) return true;
   if (request.time_budget_us > 0 && GetCurrentTimestamp() - started >= request.time_budget_us)
     return true;
   if (request.requester != 0) return !pg::transactions::backend_exists(request.requester);

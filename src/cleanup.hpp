@@ -38,7 +38,6 @@ struct Request {
   int batch_size = 0;
   TimestampTz now = 0;       // keys with expires_at <= now are expired
   int64 time_budget_us = 0;  // stop after about this long (a worker's round); 0: none
-  bool leave_database = false;  // stop when a command wants the database alone (the worker)
   bool obey_pause = false;   // stop where idempotency.cleanup_worker is off (the worker)
   bool resume = false;       // go on where the last unfinished round stopped
   Oid table = InvalidOid;    // the key table the requester saw; InvalidOid: whichever

@@ -24,7 +24,7 @@
 // at most idempotency.cleanup_cpu_share percent of the time (100 by default: no limit): the
 // batches' share of a core stays bounded on any machine, measured on the process's CPU clock (which
 // does not count the time it waits for a core on a loaded machine). The process's start is not
-// charged: a round is a new process whatever the pauses (about 10 s each while keys are left),
+// charged: a round is a new process whatever the pauses (about a second each while keys are left),
 // so a pause for it would only cut the round's batches, not the starts (bench/cleanup_bench.sh
 // prints their CPU).
 //

@@ -1,11 +1,12 @@
 // The cleanup database worker (SPEC §5), started by the launcher (cleanup_launcher.cpp) for
-// one database. It connects, looks for the extension, deletes keys of dropped roles (when a
-// role may have gone) and expired keys batch by batch, each batch its own transaction
-// (cleanup.hpp), records the round in idempotency_stats and exits. A connected process lives
-// only for one round, and leaves as soon as a batch ends when a command wants the database
-// alone, so DROP DATABASE waits at most for one batch. An error in a round is
-// logged and recorded in the statistics; the worker exits normally and the next round tries
-// again, so a persistent error never turns into a crash-restart loop.
+// one database. It connects and runs rounds of about a second: each looks for the extension,
+// deletes expired keys and then keys of dropped roles (when a role may have gone) batch by
+// batch, each batch its own transaction (cleanup.hpp), and records itself in
+// idempotency_stats. While keys are left it runs the next round at once, for up to 10 s, then
+// exits (the launcher starts the next process); it leaves between two rounds as soon as a
+// command wants the database alone, so DROP DATABASE waits at most for one round. An error in
+// a round is logged and recorded in the statistics; the worker exits normally and the next
+// round tries again, so a persistent error never turns into a crash-restart loop.
 //
 // Signals (worker_session.hpp): SIGTERM stops the worker quietly (exit 0); SIGHUP reloads.
 //
@@ -19,6 +20,7 @@
 #include "cleanup_throttle.hpp"
 #include "gucs.hpp"
 #include "pg/errors.hpp"
+#include "pg/locks.hpp"
 #include "stats.hpp"
 #include "worker_session.hpp"
 
@@ -29,14 +31,14 @@ PGDLLEXPORT void idempotency_cleanup_database_main(Datum argument);
 namespace idem::cleanup_worker {
 namespace {
 
-// A database worker stops after this much work and the launcher starts the next round at
-// once. A round is long because a process's start and its first batch (the connection, the
-// catalog caches, the plans) cost a burst of CPU that the throttle cannot pace: one start
-// every 10 s instead of every second takes that burst off the claims' tail nearly ten times.
-// The connection never stands in the way of a command that needs the database alone (DROP
-// DATABASE, which waits up to 5 s for other connections to go, and the like): after every
-// batch the worker looks whether one waits, and leaves at once (Request::leave_database).
-constexpr int64 kRoundMicroseconds = int64{10} * 1000 * 1000;
+// A round stops after this much work (keys may be left), so that the order of its work holds
+// every second: expired keys first, then the pass over keys of dropped roles with the time left.
+constexpr int64 kRoundMicroseconds = 1000 * 1000;
+// A process runs rounds one after another, while keys are left, for this long. Why not one
+// process a round: a process's start and first batch (the connection, cold catalog caches,
+// the statements planned anew) cost a burst of about 50 ms of CPU that no pause of the throttle
+// spreads, and one such burst a second beside the claims set their tail (issue #39).
+constexpr int64 kProcessMicroseconds = int64{10} * 1000 * 1000;
 
 // Logs a failed round as a LOG with its own SQLSTATE, detail and hint: the round is over,
 // the process is not.
@@ -50,18 +52,30 @@ void log_failure(PgError& e) {
   }
 }
 
-// The round's summary at DEBUG1. Called from a noexcept frame with C++ objects alive: a log
-// line at most.
-void log_round(const cleanup::Progress& progress, TimestampTz started) noexcept {
+// What a process's rounds have used so far (log_round).
+struct ProcessRounds {
+  int rounds = 0;
+  int64 cpu_us = 0;  // the process's CPU time at the end of its last round
+};
+
+// The round's summary at DEBUG1, with the process's CPU time since its last round's end (for
+// its first round: since the process started). Called from a noexcept frame with C++ objects
+// alive: a log line at most.
+void log_round(const cleanup::Progress& progress, TimestampTz started,
+               ProcessRounds& process) noexcept {
+  const int64 cpu_now_us = cleanup::Throttle::cpu_now_us();
+  ++process.rounds;
   char line[512];
   snprintf(line, sizeof line,
            "idempotency cleanup of database %u: round of %ld ms, " UINT64_FORMAT
            " keys deleted, orphan pass %s, peak memory %zu bytes, %d pauses of %ld ms "
-           "in all, %ld ms on CPU since the process started",
+           "in all, %ld ms on CPU in it (the first of a process: since its start), round %d of "
+           "its process",
            MyDatabaseId, static_cast<long>((GetCurrentTimestamp() - started) / 1000),
            progress.deleted, progress.orphan_pass ? "yes" : "no", progress.peak_memory,
            progress.pauses, static_cast<long>(progress.paused_ms),
-           static_cast<long>(cleanup::Throttle::cpu_now_us() / 1000));
+           static_cast<long>((cpu_now_us - process.cpu_us) / 1000), process.rounds);
+  process.cpu_us = cpu_now_us;
   try {
     pg::errors::report(DEBUG1, line);
   } catch (...) {
@@ -70,7 +84,7 @@ void log_round(const cleanup::Progress& progress, TimestampTz started) noexcept 
 
 // One round in the current database. Errors are caught, logged, recorded and end the round;
 // the launcher starts the next one after the interval.
-cleanup_shared::Outcome run_round() noexcept {
+cleanup_shared::Outcome run_round(ProcessRounds& process) noexcept {
   using cleanup_shared::Outcome;
   if (RecoveryInProgress()) return Outcome::kDone;
   const TimestampTz started = GetCurrentTimestamp();
@@ -79,7 +93,6 @@ cleanup_shared::Outcome run_round() noexcept {
   // Keys that expire during the round are left to the next one: the round ends.
   request.now = GetCurrentTimestamp();
   request.time_budget_us = kRoundMicroseconds;
-  request.leave_database = true;
   request.obey_pause = true;
   request.resume = true;
   cleanup::Progress progress;
@@ -111,7 +124,7 @@ cleanup_shared::Outcome run_round() noexcept {
         MyDatabaseId, progress.deleted, failure.empty() ? nullptr : failure.c_str(),
         progress.unfinished ? stats::Resume{progress.resume_from, progress.resume_block}
                             : stats::Resume{});
-  if (progress.installed) log_round(progress, started);
+  if (progress.installed) log_round(progress, started, process);
   if (!failure.empty()) return Outcome::kFailed;
   if (!progress.installed) return progress.paused ? Outcome::kPaused : Outcome::kNotInstalled;
   if (progress.paused) return Outcome::kPaused;
@@ -119,7 +132,19 @@ cleanup_shared::Outcome run_round() noexcept {
   return progress.unfinished ? Outcome::kUnfinished : Outcome::kDone;
 }
 
-// A database worker: connects, runs one round, records how it ended.
+// After a round that left keys: may the process run the next one? Not once it is asked to
+// stop, nor while a command wants the database alone: DROP DATABASE, ALTER DATABASE RENAME or
+// SET TABLESPACE, CREATE DATABASE copying it wait (up to 5 s) for the other connections to go.
+bool may_run_another_round() noexcept {
+  try {
+    return !worker_session::stop_requested() && !pg::locks::database_wanted_alone();
+  } catch (...) {
+    return false;
+  }
+}
+
+// A database worker: connects, runs rounds while keys are left (for up to
+// kProcessMicroseconds), records how the last one ended.
 // pg-frame: a bgworker main; it owns no C++ object (the round's live in run_round, noexcept).
 void database_main(int index) {
   Registration registration;
@@ -136,7 +161,11 @@ void database_main(int index) {
   worker_session::undo_database_settings();
   pgstat_report_appname(kWorkerType);
   const TimestampTz started = GetCurrentTimestamp();
-  const cleanup_shared::Outcome outcome = run_round();
+  ProcessRounds process;
+  cleanup_shared::Outcome outcome = run_round(process);
+  while (outcome == cleanup_shared::Outcome::kUnfinished &&
+         GetCurrentTimestamp() - started < kProcessMicroseconds && may_run_another_round())
+    outcome = run_round(process);
   cleanup_shared::set_outcome(outcome);
   if (outcome == cleanup_shared::Outcome::kNotInstalled)
     ereport(DEBUG1, (errmsg_internal("idempotency cleanup: database %u does not have the "
@@ -144,7 +173,7 @@ void database_main(int index) {
                                      MyDatabaseId)));
   else
     ereport(DEBUG1,
-            (errmsg_internal("idempotency cleanup of database %u: round of %ld ms", MyDatabaseId,
+            (errmsg_internal("idempotency cleanup of database %u: the process's rounds took %ld ms", MyDatabaseId,
                              static_cast<long>((GetCurrentTimestamp() - started) / 1000))));
 }
 

@@ -16,7 +16,7 @@ $node->init;
 $node->append_conf('postgresql.conf', q{
 shared_preload_libraries = 'idempotency'
 idempotency.cleanup_interval = '100ms'
-# One key per transaction: a round over the 30000 keys below would take many seconds, so
+# One key per transaction: a round over the 300000 keys below would take many seconds, so
 # the DROP DATABASE test shows that a round stops after the batch under way when a command
 # wants the database alone (and the next one waits to enter) instead of keeping its
 # connection to the database for its 10 s.
@@ -97,14 +97,15 @@ ok($node->poll_query_until('postgres', q{
 # --- DROP DATABASE of a served database ----------------------------------------------
 # Every 100 ms a worker connects to each database for one round. DROP DATABASE (without
 # FORCE) fails after 5 s if another process stays connected: each drop below must succeed,
-# and quickly, while the worker is busy deleting 30000 keys one by one (about 10 s of work,
-# a round of up to 10 s, which leaves after the batch under way when a command wants the
-# database alone). ALTER DATABASE RENAME and CREATE DATABASE from a template wait for the
+# and quickly, while the worker is busy deleting 300000 keys one by one (about 20 s of work
+# at 15,000 keys a second, more than a round of up to 10 s, which leaves after the batch under
+# way when a command wants the database alone; with 30000 keys the work itself ended within
+# 2 s, and a worker that stayed for its round went unseen). ALTER DATABASE RENAME and CREATE DATABASE from a template wait for the
 # other connections in the same way: one served database is renamed, one copied, first.
 for my $i (1 .. 5) {
   $node->safe_psql('postgres', "CREATE DATABASE served$i");
   $node->safe_psql("served$i", 'CREATE EXTENSION idempotency');
-  add_expired("served$i", 'old', 30000);
+  add_expired("served$i", 'old', 300000);
   $node->poll_query_until("served$i", q{
     SELECT count(*) > 0 FROM pg_stat_activity
      WHERE backend_type = 'idempotency cleanup' AND datname = current_database()})
