@@ -7,7 +7,7 @@
 # minus the same loop calling nothing. Every call is made as bench_app, an application role
 # (row-level security applies). Databases: `cpp` (the C++ edition, not preloaded, and the
 # hand-written claims of bench/sql/setup.sql, bench/portable/checked.sql and promised.sql), `portable` (the
-# current portable edition) and `before` (the portable edition of BENCH_BEFORE, 1.3.1 by default).
+# current portable edition) and `before` (the portable edition of BENCH_BEFORE, 1.3.2 by default).
 #
 #   bench/portable_cpu.sh       environment: BENCH_CALLS (2000), BENCH_ROUNDS (5),
 #                               BENCH_BEFORE (a version of portable/tools/generate.sh)
@@ -17,7 +17,7 @@ source "$HERE/../test/lib.sh"
 
 CALLS="${BENCH_CALLS:-2000}"
 ROUNDS="${BENCH_ROUNDS:-5}"
-BEFORE="${BENCH_BEFORE:-1.3.1}"
+BEFORE="${BENCH_BEFORE:-1.3.2}"
 NKEYS=100000
 
 build_and_install

@@ -777,9 +777,12 @@ BEGIN
                             pg_catalog.current_setting('idempotency.max_lease', true))
           OPERATOR(pg_catalog.=) '') IS TRUE THEN
     now_ts := pg_catalog.clock_timestamp();
+    -- The owner as the policy writes it (CURRENT_USER, not the variable me): the planner then
+    -- sees one condition where it saw two equal ones, and keeps no gate node (a Result with a
+    -- one-time filter "me = CURRENT_USER") above the scan of each statement (1.3.3).
     SELECT * INTO r FROM idempotency.idempotency_keys t
      WHERE t.key OPERATOR(pg_catalog.=) claim_key.key AND t.scope OPERATOR(pg_catalog.=) claim_key.scope
-       AND t.owner OPERATOR(pg_catalog.=) me;
+       AND t.owner OPERATOR(pg_catalog.=) CURRENT_USER::pg_catalog.text;
     IF NOT FOUND THEN
       -- The default ttl (86400 s) and lease (300 s), as claim_key_checked's usual call.
       INSERT INTO idempotency.idempotency_keys AS t
@@ -793,7 +796,7 @@ BEGIN
              'processing', now_ts,
              pg_catalog.quote_ident(me)::pg_catalog.regrole::pg_catalog.oid, idempotency.system_identifier()
         FROM idempotency.role_secrets s
-       WHERE s.owner OPERATOR(pg_catalog.=) me
+       WHERE s.owner OPERATOR(pg_catalog.=) CURRENT_USER::pg_catalog.text
          AND pg_catalog.pg_try_advisory_xact_lock(idempotency.lock_tag_of(s.secret, me, claim_key.scope, claim_key.key))
       ON CONFLICT (key, scope, owner) DO NOTHING
       RETURNING 'claimed', t.lease_token, t.fingerprint, t.attempts, t.created_at, t.expires_at
@@ -1112,10 +1115,9 @@ LANGUAGE plpgsql VOLATILE SECURITY INVOKER PARALLEL UNSAFE
 AS $$
 #variable_conflict use_column
 DECLARE
-  me pg_catalog.text := CURRENT_USER;
   me_oid pg_catalog.oid;
   now_ts pg_catalog.timestamptz;
-  r idempotency.idempotency_keys;
+  done idempotency.claim_result;  -- the answer, filled by the update's RETURNING
 BEGIN
   IF NOT pg_catalog.has_schema_privilege('idempotency', 'USAGE') THEN
     RAISE EXCEPTION 'permission denied for schema idempotency' USING ERRCODE = '42501',
@@ -1127,13 +1129,17 @@ BEGIN
       AND complete_key.token IS NOT NULL
       AND complete_key.response_headers IS NULL AND complete_key.response_ttl IS NULL
       AND pg_catalog.pg_column_compression(complete_key.response) IS NULL
-      AND COALESCE(pg_catalog.pg_column_size(complete_key.response)::pg_catalog.int8 OPERATOR(pg_catalog.+) 4, 0)
-          OPERATOR(pg_catalog.+) COALESCE(pg_catalog.octet_length(complete_key.response_body)::pg_catalog.int8 OPERATOR(pg_catalog.+) 4, 0)
-          OPERATOR(pg_catalog.<=) 1048576
+      -- Each of response and body under half the default size (as counted, 4 bytes more than
+      -- pg_column_size at most; GREATEST skips a NULL): their sum is then under the default
+      -- size. Fewer functions than the sum itself (1.3.3: each function of a PL/pgSQL
+      -- expression is looked up and its EXECUTE privilege checked again in every transaction);
+      -- a larger one goes to complete_key_checked, which counts exactly.
+      AND GREATEST(pg_catalog.pg_column_size(complete_key.response), pg_catalog.octet_length(complete_key.response_body), 0)
+          OPERATOR(pg_catalog.<=) 524284
       AND pg_catalog.concat(pg_catalog.current_setting('idempotency.max_key_length', true),
                             pg_catalog.current_setting('idempotency.max_response_size', true))
           OPERATOR(pg_catalog.=) '') IS TRUE THEN
-    me_oid := pg_catalog.quote_ident(me)::pg_catalog.regrole::pg_catalog.oid;
+    me_oid := pg_catalog.quote_ident(CURRENT_USER)::pg_catalog.regrole::pg_catalog.oid;
     now_ts := pg_catalog.clock_timestamp();
     UPDATE idempotency.idempotency_keys t
        SET status = 'completed', response_code = complete_key.response_code, updated_at = now_ts,
@@ -1141,16 +1147,20 @@ BEGIN
            response_body = complete_key.response_body, response_headers = NULL,
            response_expires_at = NULL, owner_oid = me_oid, owner_system = idempotency.system_identifier()
      WHERE t.key OPERATOR(pg_catalog.=) complete_key.key AND t.scope OPERATOR(pg_catalog.=) complete_key.scope
-       AND t.lease_token OPERATOR(pg_catalog.=) complete_key.token AND t.owner OPERATOR(pg_catalog.=) me
+       AND t.lease_token OPERATOR(pg_catalog.=) complete_key.token
+       AND t.owner OPERATOR(pg_catalog.=) CURRENT_USER::pg_catalog.text  -- as the policy writes it (claim_key)
        AND t.status OPERATOR(pg_catalog.=) 'processing' AND t.expires_at OPERATOR(pg_catalog.>) now_ts
        AND (t.owner_oid IS NULL OR t.owner_system IS NULL OR t.owner_oid OPERATOR(pg_catalog.=) me_oid
             OR t.owner_system OPERATOR(pg_catalog.<>) idempotency.system_identifier())
-    RETURNING * INTO r;
+    -- stored_answer('replay', r): the response was just stored, for as long as the key (no
+    -- headers on this path). Only the answer's fields are returned, into the answer itself
+    -- (1.3.3: no row of every column, no second row built from it).
+    RETURNING 'replay', t.response, t.response_code, t.fingerprint, t.recovery_point, t.attempts,
+              t.created_at, t.expires_at, t.response_body, false
+         INTO done.status, done.response, done.response_code, done.fingerprint, done.recovery_point,
+              done.attempts, done.created_at, done.expires_at, done.response_body, done.response_dropped;
     IF FOUND THEN
-      -- stored_answer('replay', r): the response was just stored, for as long as the key.
-      RETURN ROW('replay', NULL, r.response, r.response_code, r.fingerprint, r.recovery_point,
-                 r.attempts, r.created_at, r.expires_at, NULL, r.response_body, r.response_headers,
-                 false)::idempotency.claim_result;
+      RETURN done;
     END IF;
   END IF;
   RETURN idempotency.complete_key_checked(complete_key.key, complete_key.token, complete_key.response,
