@@ -37,6 +37,7 @@ bash "$GEN" psql >"$DIR/current.sql"
 bash "$GEN" psql 1.2.0 >"$DIR/v1.2.0.sql"
 bash "$GEN" psql 1.3.0 >"$DIR/v1.3.0.sql"
 bash "$GEN" psql 1.3.1 >"$DIR/v1.3.1.sql"
+bash "$GEN" psql 1.3.2 >"$DIR/v1.3.2.sql"
 chmod 644 "$DIR"/*.sql
 
 # pg_cron must be preloaded, and names the database its jobs run in. A server built from
@@ -61,7 +62,7 @@ q -c "CREATE ROLE shop_owner LOGIN" -c "CREATE ROLE app_a LOGIN" -c "CREATE ROLE
 expect "the installing role is not a superuser" "$(q -d shop -c "SELECT rolsuper FROM pg_roles WHERE rolname = 'shop_owner'")" "f"
 out="$(as_pg psql -X -q -v ON_ERROR_STOP=1 -U shop_owner -d shop -f "$DIR/current.sql" 2>&1)"
 expect "psql -f by the database owner installs the portable edition" "$?:$out" "0:"
-expect "the edition and its version" "$(q -d shop -c "SELECT name || ' ' || version FROM idempotency.edition")" "portable 1.3.2"
+expect "the edition and its version" "$(q -d shop -c "SELECT name || ' ' || version FROM idempotency.edition")" "portable 1.3.3"
 expect "the C++ library is not loaded" "$(q -d shop -c "SELECT count(*) FROM pg_extension WHERE extname = 'idempotency'")" "0"
 expect "every object belongs to the installing role" \
   "$(q -d shop -c "SELECT count(*) FROM pg_class WHERE relnamespace = 'idempotency'::regnamespace AND relowner <> 'shop_owner'::regrole")" "0"
@@ -100,6 +101,17 @@ expect "direct writes over a bound: app_b's update of attempts to 0 is refused (
   "violates row-level security policy"
 expect "direct writes over a bound: nothing of the refused writes was stored" \
   "$(q -U app_b -d shop -c "SELECT count(*) || ' ' || min(attempts) FROM idempotency.idempotency_keys WHERE key <> 'order-1'")" "1 1"
+q -U app_b -d shop -c "DELETE FROM idempotency.idempotency_keys WHERE key <> 'order-1'" >/dev/null
+# complete_key's usual call (the default limit, 1 MiB) lets through at once a response and a body
+# of at most half of it each (1.3.3); a larger part is counted exactly, and the sum is what the
+# limit holds.
+halves="$(q -U app_b -d shop -c "SELECT token FROM idempotency.claim_key('halves')")"
+expect "the default limit: a response and a body under it each but over it together are refused (54000)" \
+  "$(q -U app_b -d shop -c "SELECT idempotency.complete_key('halves', '$halves', to_jsonb(repeat('x', 600000)), 200, '', convert_to(repeat('b', 600000), 'UTF8'))" | grep -o 'response is too large')" \
+  "response is too large"
+expect "the default limit: a response over half of it alone is stored" \
+  "$(q -U app_b -d shop -c "SELECT status || ' ' || octet_length(response #>> '{}') FROM idempotency.complete_key('halves', '$halves', to_jsonb(repeat('x', 600000)), 200)")" \
+  "replay 600000"
 q -U app_b -d shop -c "DELETE FROM idempotency.idempotency_keys WHERE key <> 'order-1'" >/dev/null
 expect "app_b cannot change app_a's key" \
   "$(q -U app_b -d shop -c "UPDATE idempotency.idempotency_keys SET response = '{}' WHERE owner = 'app_a'; SELECT 'done'")" "done"
@@ -161,7 +173,7 @@ q -U upd_gone -d upd -c "SELECT idempotency.claim_key('gone-key')" >/dev/null
 q -U shop_owner -d upd -c "REVOKE USAGE ON SCHEMA idempotency FROM upd_gone" >/dev/null
 q -c "DROP ROLE upd_gone" >/dev/null
 out="$(as_pg psql -X -q -v ON_ERROR_STOP=1 -U shop_owner -d upd -f "$DIR/current.sql" 2>&1)"
-expect "the current script updates it in place" "$?:$(q -d upd -c "SELECT version FROM idempotency.edition")" "0:1.3.2"
+expect "the current script updates it in place" "$?:$(q -d upd -c "SELECT version FROM idempotency.edition")" "0:1.3.3"
 expect "the key survives the update and replays" "$(q -U app_a -d upd -c "SELECT status || ' ' || response::text FROM idempotency.claim_key('kept')")" 'replay {"kept": true}'
 expect "the update stamped the key with its role's OID and this cluster" \
   "$(q -d upd -c "SELECT owner_oid = 'app_a'::regrole AND owner_system = (SELECT system_identifier FROM pg_control_system()) FROM idempotency.idempotency_keys WHERE key = 'kept'")" "t"
@@ -169,7 +181,7 @@ expect "the update deleted the key of the dropped role" \
   "$(q -d upd -c "SELECT count(*) FROM idempotency.idempotency_keys WHERE owner = 'upd_gone'")" "0"
 expect "the update brought the key counts" "$(q -d upd -c "SELECT completed FROM idempotency_monitor.key_counts")" "1"
 out="$(as_pg psql -X -q -v ON_ERROR_STOP=1 -U shop_owner -d upd -f "$DIR/current.sql" 2>&1)"
-expect "running the current script again changes nothing" "$?:$(q -d upd -c "SELECT version || ' ' || (SELECT count(*) FROM idempotency.idempotency_keys) FROM idempotency.edition")" "0:1.3.2 1"
+expect "running the current script again changes nothing" "$?:$(q -d upd -c "SELECT version || ' ' || (SELECT count(*) FROM idempotency.idempotency_keys) FROM idempotency.edition")" "0:1.3.3 1"
 
 # From 1.3.0 (no life-cycle functions yet) with keys in every state: a completed key, a claim
 # whose holder completes it after the update (with the token it got before), a released one.
@@ -184,7 +196,7 @@ tok="$(q -U app_a -d upd13 -c "SELECT token FROM idempotency.claim_key('released
 q -U app_a -d upd13 -c "SELECT idempotency.release_key('released', '$tok')" >/dev/null
 expect "1.3.0 has no look_key" "$(q -U app_a -d upd13 -c "SELECT to_regproc('idempotency.look_key') IS NULL")" "t"
 out="$(as_pg psql -X -q -v ON_ERROR_STOP=1 -U shop_owner -d upd13 -f "$DIR/current.sql" 2>&1)"
-expect "the current script updates 1.3.0 in place" "$?:$out:$(q -d upd13 -c "SELECT version FROM idempotency.edition")" "0::1.3.2"
+expect "the current script updates 1.3.0 in place" "$?:$out:$(q -d upd13 -c "SELECT version FROM idempotency.edition")" "0::1.3.3"
 expect "after the update: the completed key replays, with response_dropped false" \
   "$(q -U app_a -d upd13 -c "SELECT status || ' ' || response::text || ' ' || response_code || ' ' || response_dropped FROM idempotency.claim_key('done', '\\x01'::bytea)")" \
   'replay {"done": 1} 201 false'
@@ -203,7 +215,7 @@ expect "after the update: forget_key forgets the released key, and the next clai
 claimed"
 out="$(as_pg psql -X -q -v ON_ERROR_STOP=1 -U shop_owner -d upd13 -f "$DIR/current.sql" 2>&1)"
 expect "running the current script again on the updated 1.3.0 changes nothing" \
-  "$?:$out:$(q -d upd13 -c "SELECT version || ' ' || (SELECT count(*) FROM idempotency.idempotency_keys) FROM idempotency.edition")" "0::1.3.2 3"
+  "$?:$out:$(q -d upd13 -c "SELECT version || ' ' || (SELECT count(*) FROM idempotency.idempotency_keys) FROM idempotency.edition")" "0::1.3.3 3"
 
 # From 1.3.1 (the bounds in a CHECK constraint, the cluster read at every call) with keys in
 # place: a completed key, and a claim whose holder completes it after the update.
@@ -215,7 +227,7 @@ tok="$(q -U app_a -d upd131 -c "SELECT token FROM idempotency.claim_key('done', 
 q -U app_a -d upd131 -c "SELECT idempotency.complete_key('done', '$tok', '{\"done\": 1}', 201)" >/dev/null
 held="$(q -U app_a -d upd131 -c "SELECT token FROM idempotency.claim_key('held', lease => '1 hour')")"
 out="$(as_pg psql -X -q -v ON_ERROR_STOP=1 -U shop_owner -d upd131 -f "$DIR/current.sql" 2>&1)"
-expect "the current script updates 1.3.1 in place" "$?:$out:$(q -d upd131 -c "SELECT version FROM idempotency.edition")" "0::1.3.2"
+expect "the current script updates 1.3.1 in place" "$?:$out:$(q -d upd131 -c "SELECT version FROM idempotency.edition")" "0::1.3.3"
 expect "after the update from 1.3.1: the completed key replays" \
   "$(q -U app_a -d upd131 -c "SELECT status || ' ' || response::text || ' ' || response_code FROM idempotency.claim_key('done', '\\x01'::bytea)")" \
   'replay {"done": 1} 201'
@@ -228,6 +240,31 @@ expect "after the update from 1.3.1: a direct write over a bound is refused (425
   "violates row-level security policy"
 expect "after the update from 1.3.1: the stamp of a new claim is this cluster's" \
   "$(q -U app_a -d upd131 -c "SELECT idempotency.claim_key('new')" >/dev/null; q -d upd131 -c "SELECT owner_oid = 'app_a'::regrole AND owner_system = (SELECT system_identifier FROM pg_control_system()) FROM idempotency.idempotency_keys WHERE key = 'new'")" "t"
+
+# From 1.3.2 (the policy's ceilings in more function calls, complete_key's answer from a row of
+# every column) with keys in place: a completed key, and a claim whose holder completes it
+# after the update.
+q -c "CREATE DATABASE upd132 OWNER shop_owner" >/dev/null
+out="$(as_pg psql -X -q -v ON_ERROR_STOP=1 -U shop_owner -d upd132 -f "$DIR/v1.3.2.sql" 2>&1)"
+expect "version 1.3.2 installs" "$?:$(q -d upd132 -c "SELECT version FROM idempotency.edition")" "0:1.3.2"
+q -U shop_owner -d upd132 -c "GRANT USAGE ON SCHEMA idempotency TO app_a" >/dev/null
+tok="$(q -U app_a -d upd132 -c "SELECT token FROM idempotency.claim_key('done', '\\x01'::bytea)")"
+q -U app_a -d upd132 -c "SELECT idempotency.complete_key('done', '$tok', '{\"done\": 1}', 201)" >/dev/null
+held="$(q -U app_a -d upd132 -c "SELECT token FROM idempotency.claim_key('held', lease => '1 hour')")"
+out="$(as_pg psql -X -q -v ON_ERROR_STOP=1 -U shop_owner -d upd132 -f "$DIR/current.sql" 2>&1)"
+expect "the current script updates 1.3.2 in place" "$?:$out:$(q -d upd132 -c "SELECT version FROM idempotency.edition")" "0::1.3.3"
+expect "after the update from 1.3.2: the completed key replays" \
+  "$(q -U app_a -d upd132 -c "SELECT status || ' ' || response::text || ' ' || response_code FROM idempotency.claim_key('done', '\\x01'::bytea)")" \
+  'replay {"done": 1} 201'
+expect "after the update from 1.3.2: the holder completes with its token of before" \
+  "$(q -U app_a -d upd132 -c "SELECT status || ' ' || response::text FROM idempotency.complete_key('held', '$held', '{\"held\": 1}')")" 'replay {"held": 1}'
+for bad in "key = repeat('k', 1025)" "key = ''" "fingerprint = decode(repeat('ab', 1025), 'hex')" "recovery_point = repeat('r', 1048577)"; do
+  expect "after the update from 1.3.2: a direct update over a bound is refused (42501): $bad" \
+    "$(q -U app_a -d upd132 -c "UPDATE idempotency.idempotency_keys SET $bad WHERE key = 'held'" | grep -o 'violates row-level security policy')" \
+    "violates row-level security policy"
+done
+expect "after the update from 1.3.2: the largest values are admitted (and a NULL fingerprint)" \
+  "$(q -U app_a -d upd132 -c "UPDATE idempotency.idempotency_keys SET scope = repeat('s', 1024), fingerprint = NULL, recovery_point = repeat('r', 1048576) WHERE key = 'held'; SELECT 'done'")" "done"
 
 # --- 3. keys move between the editions -------------------------------------------------
 q -c "CREATE DATABASE cpp" -c "CREATE DATABASE back OWNER shop_owner" >/dev/null
