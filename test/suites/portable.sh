@@ -113,6 +113,15 @@ expect "the default limit: a response over half of it alone is stored" \
   "$(q -U app_b -d shop -c "SELECT status || ' ' || octet_length(response #>> '{}') FROM idempotency.complete_key('halves', '$halves', to_jsonb(repeat('x', 600000)), 200)")" \
   "replay 600000"
 q -U app_b -d shop -c "DELETE FROM idempotency.idempotency_keys WHERE key <> 'order-1'" >/dev/null
+# The usual calls name the key's owner in each statement (from 1.3.3 as the policy does): the
+# installing role, which the policy does not hold, never answers from another role's row, even
+# one without a stamp (a row restored from before 1.3.0).
+q -U shop_owner -d shop -c "INSERT INTO idempotency.idempotency_keys (owner, key, ttl, lease, created_at, expires_at, updated_at, status, response, response_code, owner_oid, owner_system) VALUES ('app_a', 'unstamped', '1h', '1h', now(), now() + '1h', now(), 'completed', '{\"of\": \"app_a\"}', 200, NULL, NULL)" >/dev/null
+expect "the installing role's claim of a key only another role's unstamped row holds: its own, claimed afresh" \
+  "$(q -U shop_owner -d shop -c "SELECT status || ' ' || (response IS NULL) FROM idempotency.claim_key('unstamped')")" "claimed true"
+expect "and app_a's unstamped row answers app_a" \
+  "$(q -U app_a -d shop -c "SELECT status || ' ' || response::text FROM idempotency.claim_key('unstamped')")" 'replay {"of": "app_a"}'
+q -U shop_owner -d shop -c "DELETE FROM idempotency.idempotency_keys WHERE key = 'unstamped'" >/dev/null
 expect "app_b cannot change app_a's key" \
   "$(q -U app_b -d shop -c "UPDATE idempotency.idempotency_keys SET response = '{}' WHERE owner = 'app_a'; SELECT 'done'")" "done"
 expect "and app_a's key kept its response" "$(q -U app_a -d shop -c "SELECT response FROM idempotency.claim_key('order-1', idempotency.request_fingerprint('{\"amount\": 100}'::jsonb))")" '{"id": 1}'
