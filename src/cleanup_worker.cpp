@@ -173,7 +173,8 @@ void database_main(int index) {
                                      MyDatabaseId)));
   else
     ereport(DEBUG1,
-            (errmsg_internal("idempotency cleanup of database %u: the process's rounds took %ld ms", MyDatabaseId,
+            (errmsg_internal("idempotency cleanup of database %u: the process's rounds took %ld ms",
+                             MyDatabaseId,
                              static_cast<long>((GetCurrentTimestamp() - started) / 1000))));
 }
 

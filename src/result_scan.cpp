@@ -56,49 +56,28 @@ const CustomExecMethods kExecMethods = {kScanName, begin_scan, exec_scan, end_sc
                                         nullptr,   nullptr,    nullptr,   nullptr,  nullptr,
                                         nullptr,   nullptr,    nullptr};
 
-// The OIDs of claim_key and complete_key in the schema of the extension of this database (none
-// when it is not installed), found again after any change to pg_proc: creating, dropping or
-// moving the extension changes its functions' rows. Every query with a function in FROM
-// compares with them, so an unrelated function costs no catalog look-up.
+// claim_key and complete_key in the schema of the extension of this database (none when it is
+// not installed), found again after any change to pg_proc: creating, dropping or moving the
+// extension changes its functions' rows. Every query with a function in FROM compares with
+// their OIDs, so an unrelated function costs no catalog look-up. Each keeps its call
+// information from its first use on: fmgr_info reads pg_proc and the library's function table
+// at every call (about 500 instructions), which neither the planner nor a scan repeats.
+struct OurFunction {
+  Oid oid = InvalidOid;
+  bool has_info = false;
+  FmgrInfo info{};  // in TopMemoryContext, once has_info
+};
 struct OurFunctions {
   bool valid = false;
-  Oid oids[8] = {};
+  std::array<OurFunction, 8> functions;
   int count = 0;
 };
 OurFunctions our_functions;
 uint64 pg_proc_changes = 0;  // counts the invalidations below
 
-// Our functions' call information, looked up once and copied by each scan: fmgr_info reads
-// pg_proc and the library's function table at every call (about 500 instructions a scan).
-// Dropped with the list above, at any change to pg_proc.
-struct KnownFunction {
-  Oid oid = InvalidOid;
-  FmgrInfo info{};
-};
-std::array<KnownFunction, 2> known_functions;
-size_t next_known = 0;
-
 void forget_our_functions(Datum, SyscacheId, uint32) {
   our_functions.valid = false;
-  for (KnownFunction& known : known_functions) known.oid = InvalidOid;
   ++pg_proc_changes;
-}
-
-// pg-frame: under BeginCustomScan. Fills `info` (in `context`) for `function`, from the copy
-// kept since its first scan; an invalidation while it is looked up keeps no copy.
-void function_info(Oid function, FmgrInfo* info, MemoryContext context) {
-  for (KnownFunction& known : known_functions) {
-    if (known.oid == function) {
-      fmgr_info_copy(info, &known.info, context);
-      return;
-    }
-  }
-  const uint64 seen = pg_proc_changes;
-  KnownFunction& slot = known_functions[next_known++ % known_functions.size()];
-  slot.oid = InvalidOid;
-  fmgr_info_cxt(function, &slot.info, TopMemoryContext);
-  if (seen == pg_proc_changes) slot.oid = function;
-  fmgr_info_copy(info, &slot.info, context);
 }
 
 // pg-frame: planner. Fills `found` from pg_extension and pg_proc (by name, in the schema).
@@ -111,17 +90,16 @@ void find_our_functions(OurFunctions* found) {
     CatCList* candidates = SearchSysCacheList1(PROCNAMEARGSNSP, CStringGetDatum(name));
     for (int i = 0; i < candidates->n_members; ++i) {
       const auto* proc = reinterpret_cast<Form_pg_proc>(GETSTRUCT(&candidates->members[i]->tuple));
-      if (proc->pronamespace == schema && found->count < 8) found->oids[found->count++] = proc->oid;
+      if (proc->pronamespace == schema && found->count < static_cast<int>(found->functions.size()))
+        found->functions[found->count++].oid = proc->oid;
     }
     ReleaseSysCacheList(candidates);
   }
 }
 
-// pg-frame: planner. Whether `function` is one of our claim_result functions, called
-// directly: a SECURITY DEFINER, SET or fmgr-hooked function gets a wrapper address. Only
-// our own functions reach fmgr_info (which reads catalogs and may load a library).
-bool is_ours(Oid function) {
-  // The look-up reads catalogs: an invalidation it processes makes it look again.
+// pg-frame: planner and BeginCustomScan. Our entry of `function`, nullptr for any other
+// function. The look-up reads catalogs: an invalidation it processes makes it look again.
+OurFunction* our_function(Oid function) {
   while (!our_functions.valid) {
     const uint64 seen = pg_proc_changes;
     OurFunctions found;
@@ -129,13 +107,34 @@ bool is_ours(Oid function) {
     found.valid = seen == pg_proc_changes;
     our_functions = found;
   }
-  bool listed = false;
   for (int i = 0; i < our_functions.count; ++i)
-    listed = listed || our_functions.oids[i] == function;
-  if (!listed) return false;
-  FmgrInfo info;
-  fmgr_info(function, &info);
-  return info.fn_addr == claim_key || info.fn_addr == complete_key;
+    if (our_functions.functions[i].oid == function) return &our_functions.functions[i];
+  return nullptr;
+}
+
+// pg-frame: planner and BeginCustomScan. The call information of `function`, one of ours:
+// kept in its entry from the first use on, unless an invalidation came while it was looked up
+// (then `scratch` holds it, made in the current memory context).
+FmgrInfo* function_info(OurFunction& entry, FmgrInfo* scratch) {
+  if (entry.has_info) return &entry.info;
+  const uint64 seen = pg_proc_changes;
+  const Oid function = entry.oid;
+  fmgr_info(function, scratch);
+  if (seen != pg_proc_changes) return scratch;
+  fmgr_info_copy(&entry.info, scratch, TopMemoryContext);
+  entry.has_info = true;
+  return &entry.info;
+}
+
+// pg-frame: planner. Whether `function` is one of our claim_result functions, called
+// directly: a SECURITY DEFINER, SET or fmgr-hooked function gets a wrapper address. Only
+// our own functions reach fmgr_info (which reads catalogs and may load a library).
+bool is_ours(Oid function) {
+  OurFunction* entry = our_function(function);
+  if (entry == nullptr) return false;
+  FmgrInfo scratch;
+  const FmgrInfo* info = function_info(*entry, &scratch);
+  return info->fn_addr == claim_key || info->fn_addr == complete_key;
 }
 
 // pg-frame: planner and executor (an expression walker). Adds the PARAM_EXEC ids that `node`
@@ -301,7 +300,14 @@ void begin_scan(CustomScanState* node, EState* estate, int /*eflags*/) {
   auto* plan = reinterpret_cast<CustomScan*>(node->ss.ps.plan);
   auto* call = linitial_node(FuncExpr, plan->custom_exprs);
   check_execute(call->funcid);
-  function_info(call->funcid, &state->function, estate->es_query_cxt);
+  // The plan was made for one of our functions; should the list have changed since, the call
+  // information is looked up as the executor would.
+  if (OurFunction* entry = our_function(call->funcid); entry != nullptr) {
+    FmgrInfo scratch;
+    fmgr_info_copy(&state->function, function_info(*entry, &scratch), estate->es_query_cxt);
+  } else {
+    fmgr_info_cxt(call->funcid, &state->function, estate->es_query_cxt);
+  }
   fmgr_info_set_expr(reinterpret_cast<Node*>(call), &state->function);
   const int arguments = list_length(call->args);
   state->call = static_cast<FunctionCallInfo>(palloc0(SizeForFunctionCallInfo(arguments)));
