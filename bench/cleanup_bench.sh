@@ -33,7 +33,10 @@
 # every database, as before 2026-12-05: the database postgres, whose extension is there for
 # the benchmark's reads, then got a worker of its own at every 100 ms interval during the
 # windows with a cleanup, a process started 5 to 10 times a second beside the claims),
-# CLEANUP_CPUS (a CPU list for taskset, e.g. 0-1: the server and pgbench run on those CPUs).
+# CLEANUP_CPUS (a CPU list for taskset, e.g. 0-1: the server and pgbench run on those CPUs),
+# CLEANUP_LIVE_SHARE (part 2 only: one key in this many is loaded live, with 30 days to go,
+# among the expired ones: mixed ttls, interleaved, so that no block range of a BRIN ever
+# becomes all expired; the live keys stay from one pair of windows to the next).
 #
 # What the tail depends on is printed with the numbers: the machine (cores, load at the start
 # and the end, the kernel), and from the worker's batches in the windows with a cleanup (the
@@ -100,9 +103,9 @@ q 'SELECT idempotency_cleanup()' >/dev/null
 pg_psql -d postgres -c 'CREATE EXTENSION idempotency' >/dev/null
 deleted_so_far() { pg_psql -d postgres -Atc "SELECT coalesce(expired_deleted, 0) FROM idempotency_stats WHERE datname = 'bench'"; }
 
-load() { # N: N expired keys on a clean, vacuumed table
+load() { # N [LIVE_SHARE]: N expired keys (one in LIVE_SHARE live instead) on a vacuumed table
   q "VACUUM idempotency_keys" >/dev/null
-  q "SELECT bench_load_expired($1)" >/dev/null
+  q "SELECT bench_load_expired($1, ${2:-0})" >/dev/null
   q "VACUUM ANALYZE idempotency_keys" >/dev/null
   q "CHECKPOINT" >/dev/null
 }
@@ -164,6 +167,7 @@ fi
 # Before each pair of windows the table gets 3N more expired keys (then VACUUM, CHECKPOINT);
 # after it the worker is stopped and what it left is deleted (drain).
 LATENCY_ROWS=$((ROWS * 3))
+LIVE_SHARE="${CLEANUP_LIVE_SHARE:-0}"
 run_pgbench() { # PREFIX
   [[ ${CLEANUP_WAITS:-0} == 1 ]] && sample_waits "${1%_*}" &
   PGOPTIONS="${CLEANUP_CLIENT_OPTIONS:-}" as_pg pgbench -n -M prepared -c "$CLIENTS" -j 2 -T "$LATENCY_SECONDS" \
@@ -228,7 +232,7 @@ during_deleted=0
 per_rep=""
 left=1
 for ((r = 1; r <= REPS; r++)); do
-  load "$LATENCY_ROWS"
+  load "$LATENCY_ROWS" "$LIVE_SHARE"
   run_pgbench "without_$r"
   offset="$(log_offset)"
   set_interval 100ms
@@ -293,7 +297,7 @@ deletion of $ROWS expired keys (batches of $BATCH):
   reference   $reference_rate rows/s  ($reference_s s, hand-written DELETE ... USING loop)
   ratio worker / reference     $(ratio "$worker_rate" "$reference_rate")   (goal: >= 150000 rows/s absolute)
   ratio function / reference   $(ratio "$function_rate" "$reference_rate")
-claim_key latency, pgbench -M prepared, $CLIENTS clients, $REPS x $LATENCY_SECONDS s each way (alternating), $LATENCY_ROWS expired keys loaded before each pair:
+claim_key latency, pgbench -M prepared, $CLIENTS clients, $REPS x $LATENCY_SECONDS s each way (alternating), $LATENCY_ROWS keys loaded before each pair, $(if ((LIVE_SHARE > 0)); then echo "one in $LIVE_SHARE live for 30 days, the others"; else echo all; fi) expired:
   without cleanup   p50 $p50_without ms   p99 $p99_without ms   ($n_without claims)
   during cleanup    p50 $p50_during ms   p99 $p99_during ms   ($n_during claims; the worker deleted $during_deleted in them, $during_rate rows/s; keys left to delete throughout: $covered)
   ratio p99 during / without   $(ratio "$p99_during" "$p99_without")   (goal: <= 1.5; per window pair:$per_rep)
