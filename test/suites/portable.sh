@@ -226,22 +226,30 @@ out="$(as_pg psql -X -q -v ON_ERROR_STOP=1 -U shop_owner -d upd13 -f "$DIR/curre
 expect "running the current script again on the updated 1.3.0 changes nothing" \
   "$?:$out:$(q -d upd13 -c "SELECT version || ' ' || (SELECT count(*) FROM idempotency.idempotency_keys) FROM idempotency.edition")" "0::1.3.3 3"
 
+# update_with_keys VERSION DB: VERSION installed in a new database DB, a completed key and a
+# claim still held made in it, then the current script run over it: it updates in place, the
+# completed key replays and the holder completes with its token of before.
+update_with_keys() {
+  local version="$1" db="$2" out tok held
+  q -c "CREATE DATABASE $db OWNER shop_owner" >/dev/null
+  out="$(as_pg psql -X -q -v ON_ERROR_STOP=1 -U shop_owner -d "$db" -f "$DIR/v$version.sql" 2>&1)"
+  expect "version $version installs" "$?:$(q -d "$db" -c "SELECT version FROM idempotency.edition")" "0:$version"
+  q -U shop_owner -d "$db" -c "GRANT USAGE ON SCHEMA idempotency TO app_a" >/dev/null
+  tok="$(q -U app_a -d "$db" -c "SELECT token FROM idempotency.claim_key('done', '\\x01'::bytea)")"
+  q -U app_a -d "$db" -c "SELECT idempotency.complete_key('done', '$tok', '{\"done\": 1}', 201)" >/dev/null
+  held="$(q -U app_a -d "$db" -c "SELECT token FROM idempotency.claim_key('held', lease => '1 hour')")"
+  out="$(as_pg psql -X -q -v ON_ERROR_STOP=1 -U shop_owner -d "$db" -f "$DIR/current.sql" 2>&1)"
+  expect "the current script updates $version in place" "$?:$out:$(q -d "$db" -c "SELECT version FROM idempotency.edition")" "0::1.3.3"
+  expect "after the update from $version: the completed key replays" \
+    "$(q -U app_a -d "$db" -c "SELECT status || ' ' || response::text || ' ' || response_code FROM idempotency.claim_key('done', '\\x01'::bytea)")" \
+    'replay {"done": 1} 201'
+  expect "after the update from $version: the holder completes with its token of before" \
+    "$(q -U app_a -d "$db" -c "SELECT status || ' ' || response::text FROM idempotency.complete_key('held', '$held', '{\"held\": 1}')")" 'replay {"held": 1}'
+}
+
 # From 1.3.1 (the bounds in a CHECK constraint, the cluster read at every call) with keys in
 # place: a completed key, and a claim whose holder completes it after the update.
-q -c "CREATE DATABASE upd131 OWNER shop_owner" >/dev/null
-out="$(as_pg psql -X -q -v ON_ERROR_STOP=1 -U shop_owner -d upd131 -f "$DIR/v1.3.1.sql" 2>&1)"
-expect "version 1.3.1 installs" "$?:$(q -d upd131 -c "SELECT version FROM idempotency.edition")" "0:1.3.1"
-q -U shop_owner -d upd131 -c "GRANT USAGE ON SCHEMA idempotency TO app_a" >/dev/null
-tok="$(q -U app_a -d upd131 -c "SELECT token FROM idempotency.claim_key('done', '\\x01'::bytea)")"
-q -U app_a -d upd131 -c "SELECT idempotency.complete_key('done', '$tok', '{\"done\": 1}', 201)" >/dev/null
-held="$(q -U app_a -d upd131 -c "SELECT token FROM idempotency.claim_key('held', lease => '1 hour')")"
-out="$(as_pg psql -X -q -v ON_ERROR_STOP=1 -U shop_owner -d upd131 -f "$DIR/current.sql" 2>&1)"
-expect "the current script updates 1.3.1 in place" "$?:$out:$(q -d upd131 -c "SELECT version FROM idempotency.edition")" "0::1.3.3"
-expect "after the update from 1.3.1: the completed key replays" \
-  "$(q -U app_a -d upd131 -c "SELECT status || ' ' || response::text || ' ' || response_code FROM idempotency.claim_key('done', '\\x01'::bytea)")" \
-  'replay {"done": 1} 201'
-expect "after the update from 1.3.1: the holder completes with its token of before" \
-  "$(q -U app_a -d upd131 -c "SELECT status FROM idempotency.complete_key('held', '$held', '{\"held\": 1}')")" "replay"
+update_with_keys 1.3.1 upd131
 expect "after the update from 1.3.1: the bounds are the policy's, no CHECK constraint is left" \
   "$(q -d upd131 -c "SELECT count(*) FROM pg_constraint WHERE conrelid = 'idempotency.idempotency_keys'::regclass AND contype = 'c'")" "0"
 expect "after the update from 1.3.1: a direct write over a bound is refused (42501)" \
@@ -253,20 +261,7 @@ expect "after the update from 1.3.1: the stamp of a new claim is this cluster's"
 # From 1.3.2 (the policy's ceilings in more function calls, complete_key's answer from a row of
 # every column) with keys in place: a completed key, and a claim whose holder completes it
 # after the update.
-q -c "CREATE DATABASE upd132 OWNER shop_owner" >/dev/null
-out="$(as_pg psql -X -q -v ON_ERROR_STOP=1 -U shop_owner -d upd132 -f "$DIR/v1.3.2.sql" 2>&1)"
-expect "version 1.3.2 installs" "$?:$(q -d upd132 -c "SELECT version FROM idempotency.edition")" "0:1.3.2"
-q -U shop_owner -d upd132 -c "GRANT USAGE ON SCHEMA idempotency TO app_a" >/dev/null
-tok="$(q -U app_a -d upd132 -c "SELECT token FROM idempotency.claim_key('done', '\\x01'::bytea)")"
-q -U app_a -d upd132 -c "SELECT idempotency.complete_key('done', '$tok', '{\"done\": 1}', 201)" >/dev/null
-held="$(q -U app_a -d upd132 -c "SELECT token FROM idempotency.claim_key('held', lease => '1 hour')")"
-out="$(as_pg psql -X -q -v ON_ERROR_STOP=1 -U shop_owner -d upd132 -f "$DIR/current.sql" 2>&1)"
-expect "the current script updates 1.3.2 in place" "$?:$out:$(q -d upd132 -c "SELECT version FROM idempotency.edition")" "0::1.3.3"
-expect "after the update from 1.3.2: the completed key replays" \
-  "$(q -U app_a -d upd132 -c "SELECT status || ' ' || response::text || ' ' || response_code FROM idempotency.claim_key('done', '\\x01'::bytea)")" \
-  'replay {"done": 1} 201'
-expect "after the update from 1.3.2: the holder completes with its token of before" \
-  "$(q -U app_a -d upd132 -c "SELECT status || ' ' || response::text FROM idempotency.complete_key('held', '$held', '{\"held\": 1}')")" 'replay {"held": 1}'
+update_with_keys 1.3.2 upd132
 for bad in "key = repeat('k', 1025)" "key = ''" "fingerprint = decode(repeat('ab', 1025), 'hex')" "recovery_point = repeat('r', 1048577)"; do
   expect "after the update from 1.3.2: a direct update over a bound is refused (42501): $bad" \
     "$(q -U app_a -d upd132 -c "UPDATE idempotency.idempotency_keys SET $bad WHERE key = 'held'" | grep -o 'violates row-level security policy')" \
