@@ -24,9 +24,9 @@
 // at most idempotency.cleanup_cpu_share percent of the time (100 by default: no limit): the
 // batches' share of a core stays bounded on any machine, measured on the process's CPU clock (which
 // does not count the time it waits for a core on a loaded machine). The process's start is not
-// charged: a round is a new process whatever the pauses (about a second each while keys are left),
-// so a pause for it would only cut the round's batches, not the starts (bench/cleanup_bench.sh
-// prints their CPU).
+// charged: a process runs rounds for up to 10 s while keys are left, whatever the pauses, so a
+// pause for it would only cut the batches, not the starts (bench/cleanup_bench.sh prints their
+// CPU).
 //
 // Other sessions work when, since the cleanup's last look, another transaction took a
 // transaction ID anywhere on the server (a write), or when, at the look, another backend of
