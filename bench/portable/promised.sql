@@ -12,7 +12,12 @@
 --   - each row stamped with its role's OID and cluster, and a row of the name stamped here by
 --     another role (an earlier role of the name) not answered from (issue #32);
 --   - bounded values, also in a role's direct writes: a CHECK constraint (the same ceilings as
---     the portable edition's).
+--     the portable edition's);
+--   - times read from the clock at each call (README: "not at transaction start"), so that a
+--     completion moves expires_at to the completion time (SPEC section 2). With now(), the
+--     transaction's start, a claim and its completion in one transaction write the same
+--     expires_at, and the completion is a HOT update, which no edition may do: the benchmarks
+--     derive that variant (plt_*) from this file as a second yardstick.
 -- Where a plain version has a cheaper choice that keeps the promise, it takes it: a role's
 -- secret mixed in by hashtextextended() instead of SHA-256, and the cluster's identifier read
 -- once per plan from an IMMUTABLE wrapper, as the portable edition does (read at every call,
@@ -52,6 +57,7 @@ DECLARE
   r plp_keys%ROWTYPE;
   me_oid oid := quote_ident(current_user)::regrole::oid;
   my_secret bytea;
+  now_ts timestamptz := clock_timestamp();
 BEGIN
   IF p_key IS NULL OR p_scope IS NULL THEN
     RAISE EXCEPTION 'key and scope must not be null' USING ERRCODE = '22004';
@@ -71,7 +77,7 @@ BEGIN
 
   -- A live row of this role answers a replay or a mismatch without a lock or a write.
   SELECT * INTO r FROM plp_keys WHERE owner = current_user AND scope = p_scope AND key = p_key;
-  IF FOUND AND r.expires_at > now()
+  IF FOUND AND r.expires_at > now_ts
      AND (r.owner_oid IS NULL OR r.owner_oid = me_oid OR r.owner_system <> plp_system_identifier()) THEN
     IF p_fingerprint IS NOT NULL AND r.fingerprint IS NOT NULL AND r.fingerprint <> p_fingerprint THEN
       status := 'mismatch';
@@ -99,8 +105,8 @@ BEGIN
   token := gen_random_uuid();
   INSERT INTO plp_keys (owner, scope, key, fingerprint, ttl, lease, created_at, expires_at,
                         lease_token, locked_until, updated_at, owner_oid, owner_system)
-  VALUES (current_user, p_scope, p_key, p_fingerprint, p_ttl, p_lease, now(),
-          now() + p_ttl, token, now() + p_lease, now(), me_oid, plp_system_identifier())
+  VALUES (current_user, p_scope, p_key, p_fingerprint, p_ttl, p_lease, now_ts,
+          now_ts + p_ttl, token, now_ts + p_lease, now_ts, me_oid, plp_system_identifier())
   ON CONFLICT (owner, scope, key) DO NOTHING;
   IF FOUND THEN
     status := 'claimed';
@@ -109,12 +115,12 @@ BEGIN
 
   SELECT * INTO r FROM plp_keys
    WHERE owner = current_user AND scope = p_scope AND key = p_key FOR UPDATE;
-  IF r.expires_at <= now() OR (r.owner_oid <> me_oid AND r.owner_system = plp_system_identifier()) THEN
+  IF r.expires_at <= now_ts OR (r.owner_oid <> me_oid AND r.owner_system = plp_system_identifier()) THEN
     UPDATE plp_keys SET fingerprint = p_fingerprint, attempts = 1, ttl = p_ttl, lease = p_lease,
-                        created_at = now(), expires_at = now() + p_ttl, lease_token = token,
-                        locked_until = now() + p_lease, recovery_point = NULL,
+                        created_at = now_ts, expires_at = now_ts + p_ttl, lease_token = token,
+                        locked_until = now_ts + p_lease, recovery_point = NULL,
                         status = 'processing', response = NULL, response_code = NULL,
-                        updated_at = now(), owner_oid = me_oid, owner_system = plp_system_identifier()
+                        updated_at = now_ts, owner_oid = me_oid, owner_system = plp_system_identifier()
      WHERE owner = current_user AND scope = p_scope AND key = p_key;
     status := 'claimed';
     RETURN;
@@ -131,14 +137,14 @@ BEGIN
     response_code := r.response_code;
     RETURN;
   END IF;
-  IF r.lease_token IS NOT NULL AND r.locked_until > now() THEN
+  IF r.lease_token IS NOT NULL AND r.locked_until > now_ts THEN
     status := 'in_progress';
     token := NULL;
     RETURN;
   END IF;
   UPDATE plp_keys SET attempts = attempts + 1, lease_token = token, ttl = p_ttl, lease = p_lease,
-                      locked_until = now() + p_lease, expires_at = now() + p_ttl,
-                      updated_at = now(), owner_oid = me_oid, owner_system = plp_system_identifier()
+                      locked_until = now_ts + p_lease, expires_at = now_ts + p_ttl,
+                      updated_at = now_ts, owner_oid = me_oid, owner_system = plp_system_identifier()
    WHERE owner = current_user AND scope = p_scope AND key = p_key;
   status := 'reclaimed';
 END
@@ -150,6 +156,7 @@ RETURNS text
 LANGUAGE plpgsql AS $$
 DECLARE
   me_oid oid := quote_ident(current_user)::regrole::oid;
+  now_ts timestamptz := clock_timestamp();
 BEGIN
   IF p_key IS NULL OR p_scope IS NULL OR p_token IS NULL THEN
     RAISE EXCEPTION 'key, scope and token must not be null' USING ERRCODE = '22004';
@@ -158,11 +165,11 @@ BEGIN
     RAISE EXCEPTION 'response is too large' USING ERRCODE = '54000';
   END IF;
   UPDATE plp_keys SET status = 'completed', response = p_response,
-                      response_code = p_response_code, updated_at = now(),
-                      expires_at = now() + ttl, owner_oid = me_oid,
+                      response_code = p_response_code, updated_at = now_ts,
+                      expires_at = now_ts + ttl, owner_oid = me_oid,
                       owner_system = plp_system_identifier()
    WHERE owner = current_user AND scope = p_scope AND key = p_key AND lease_token = p_token
-     AND status = 'processing' AND expires_at > now()
+     AND status = 'processing' AND expires_at > now_ts
      AND (owner_oid IS NULL OR owner_oid = me_oid OR owner_system <> plp_system_identifier());
   IF NOT FOUND THEN
     RAISE EXCEPTION 'token does not hold key %', p_key USING ERRCODE = '55000';

@@ -7,7 +7,7 @@
 # VERSION: one of VERSIONS below (the newest by default).
 set -euo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-VERSIONS=(1.2.0 1.2.1 1.3.0 1.3.1 1.3.2 1.3.3)
+VERSIONS=(1.2.0 1.2.1 1.3.0 1.3.1 1.3.2 1.3.3 1.3.4)
 kind="${1:?psql or pgtle}"
 want="${2:-${VERSIONS[-1]}}"
 

@@ -38,6 +38,7 @@ bash "$GEN" psql 1.2.0 >"$DIR/v1.2.0.sql"
 bash "$GEN" psql 1.3.0 >"$DIR/v1.3.0.sql"
 bash "$GEN" psql 1.3.1 >"$DIR/v1.3.1.sql"
 bash "$GEN" psql 1.3.2 >"$DIR/v1.3.2.sql"
+bash "$GEN" psql 1.3.3 >"$DIR/v1.3.3.sql"
 chmod 644 "$DIR"/*.sql
 
 # pg_cron must be preloaded, and names the database its jobs run in. A server built from
@@ -62,7 +63,7 @@ q -c "CREATE ROLE shop_owner LOGIN" -c "CREATE ROLE app_a LOGIN" -c "CREATE ROLE
 expect "the installing role is not a superuser" "$(q -d shop -c "SELECT rolsuper FROM pg_roles WHERE rolname = 'shop_owner'")" "f"
 out="$(as_pg psql -X -q -v ON_ERROR_STOP=1 -U shop_owner -d shop -f "$DIR/current.sql" 2>&1)"
 expect "psql -f by the database owner installs the portable edition" "$?:$out" "0:"
-expect "the edition and its version" "$(q -d shop -c "SELECT name || ' ' || version FROM idempotency.edition")" "portable 1.3.3"
+expect "the edition and its version" "$(q -d shop -c "SELECT name || ' ' || version FROM idempotency.edition")" "portable 1.3.4"
 expect "the C++ library is not loaded" "$(q -d shop -c "SELECT count(*) FROM pg_extension WHERE extname = 'idempotency'")" "0"
 expect "every object belongs to the installing role" \
   "$(q -d shop -c "SELECT count(*) FROM pg_class WHERE relnamespace = 'idempotency'::regnamespace AND relowner <> 'shop_owner'::regrole")" "0"
@@ -182,7 +183,7 @@ q -U upd_gone -d upd -c "SELECT idempotency.claim_key('gone-key')" >/dev/null
 q -U shop_owner -d upd -c "REVOKE USAGE ON SCHEMA idempotency FROM upd_gone" >/dev/null
 q -c "DROP ROLE upd_gone" >/dev/null
 out="$(as_pg psql -X -q -v ON_ERROR_STOP=1 -U shop_owner -d upd -f "$DIR/current.sql" 2>&1)"
-expect "the current script updates it in place" "$?:$(q -d upd -c "SELECT version FROM idempotency.edition")" "0:1.3.3"
+expect "the current script updates it in place" "$?:$(q -d upd -c "SELECT version FROM idempotency.edition")" "0:1.3.4"
 expect "the key survives the update and replays" "$(q -U app_a -d upd -c "SELECT status || ' ' || response::text FROM idempotency.claim_key('kept')")" 'replay {"kept": true}'
 expect "the update stamped the key with its role's OID and this cluster" \
   "$(q -d upd -c "SELECT owner_oid = 'app_a'::regrole AND owner_system = (SELECT system_identifier FROM pg_control_system()) FROM idempotency.idempotency_keys WHERE key = 'kept'")" "t"
@@ -190,7 +191,7 @@ expect "the update deleted the key of the dropped role" \
   "$(q -d upd -c "SELECT count(*) FROM idempotency.idempotency_keys WHERE owner = 'upd_gone'")" "0"
 expect "the update brought the key counts" "$(q -d upd -c "SELECT completed FROM idempotency_monitor.key_counts")" "1"
 out="$(as_pg psql -X -q -v ON_ERROR_STOP=1 -U shop_owner -d upd -f "$DIR/current.sql" 2>&1)"
-expect "running the current script again changes nothing" "$?:$(q -d upd -c "SELECT version || ' ' || (SELECT count(*) FROM idempotency.idempotency_keys) FROM idempotency.edition")" "0:1.3.3 1"
+expect "running the current script again changes nothing" "$?:$(q -d upd -c "SELECT version || ' ' || (SELECT count(*) FROM idempotency.idempotency_keys) FROM idempotency.edition")" "0:1.3.4 1"
 
 # From 1.3.0 (no life-cycle functions yet) with keys in every state: a completed key, a claim
 # whose holder completes it after the update (with the token it got before), a released one.
@@ -205,7 +206,7 @@ tok="$(q -U app_a -d upd13 -c "SELECT token FROM idempotency.claim_key('released
 q -U app_a -d upd13 -c "SELECT idempotency.release_key('released', '$tok')" >/dev/null
 expect "1.3.0 has no look_key" "$(q -U app_a -d upd13 -c "SELECT to_regproc('idempotency.look_key') IS NULL")" "t"
 out="$(as_pg psql -X -q -v ON_ERROR_STOP=1 -U shop_owner -d upd13 -f "$DIR/current.sql" 2>&1)"
-expect "the current script updates 1.3.0 in place" "$?:$out:$(q -d upd13 -c "SELECT version FROM idempotency.edition")" "0::1.3.3"
+expect "the current script updates 1.3.0 in place" "$?:$out:$(q -d upd13 -c "SELECT version FROM idempotency.edition")" "0::1.3.4"
 expect "after the update: the completed key replays, with response_dropped false" \
   "$(q -U app_a -d upd13 -c "SELECT status || ' ' || response::text || ' ' || response_code || ' ' || response_dropped FROM idempotency.claim_key('done', '\\x01'::bytea)")" \
   'replay {"done": 1} 201 false'
@@ -224,7 +225,7 @@ expect "after the update: forget_key forgets the released key, and the next clai
 claimed"
 out="$(as_pg psql -X -q -v ON_ERROR_STOP=1 -U shop_owner -d upd13 -f "$DIR/current.sql" 2>&1)"
 expect "running the current script again on the updated 1.3.0 changes nothing" \
-  "$?:$out:$(q -d upd13 -c "SELECT version || ' ' || (SELECT count(*) FROM idempotency.idempotency_keys) FROM idempotency.edition")" "0::1.3.3 3"
+  "$?:$out:$(q -d upd13 -c "SELECT version || ' ' || (SELECT count(*) FROM idempotency.idempotency_keys) FROM idempotency.edition")" "0::1.3.4 3"
 
 # update_with_keys VERSION DB: VERSION installed in a new database DB, a completed key and a
 # claim still held made in it, then the current script run over it: it updates in place, the
@@ -239,7 +240,7 @@ update_with_keys() {
   q -U app_a -d "$db" -c "SELECT idempotency.complete_key('done', '$tok', '{\"done\": 1}', 201)" >/dev/null
   held="$(q -U app_a -d "$db" -c "SELECT token FROM idempotency.claim_key('held', lease => '1 hour')")"
   out="$(as_pg psql -X -q -v ON_ERROR_STOP=1 -U shop_owner -d "$db" -f "$DIR/current.sql" 2>&1)"
-  expect "the current script updates $version in place" "$?:$out:$(q -d "$db" -c "SELECT version FROM idempotency.edition")" "0::1.3.3"
+  expect "the current script updates $version in place" "$?:$out:$(q -d "$db" -c "SELECT version FROM idempotency.edition")" "0::1.3.4"
   expect "after the update from $version: the completed key replays" \
     "$(q -U app_a -d "$db" -c "SELECT status || ' ' || response::text || ' ' || response_code FROM idempotency.claim_key('done', '\\x01'::bytea)")" \
     'replay {"done": 1} 201'
@@ -269,6 +270,36 @@ for bad in "key = repeat('k', 1025)" "key = ''" "fingerprint = decode(repeat('ab
 done
 expect "after the update from 1.3.2: the largest values are admitted (and a NULL fingerprint)" \
   "$(q -U app_a -d upd132 -c "UPDATE idempotency.idempotency_keys SET scope = repeat('s', 1024), fingerprint = NULL, recovery_point = repeat('r', 1048576) WHERE key = 'held'; SELECT 'done'")" "done"
+
+# The expiry index by major (1.3.4): a BRIN over expiry_bucket(expires_at) on 16 and later, where
+# a claim's completion is then a HOT update (no new entry in the primary key); the B-Tree on 15.
+# expiry_layout DB: the index's access method and key, then the HOT updates of claims
+# completed in their own transaction (app_a: three keys).
+expiry_layout() {
+  q -d "$1" -c "SET search_path = pg_catalog" -c "SELECT a.amname || ' ' || pg_get_indexdef(i.oid, 1, true) FROM pg_class i JOIN pg_am a ON a.oid = i.relam
+                 WHERE i.oid = 'idempotency.idempotency_keys_expires_at_idx'::regclass"
+  q -U app_a -d "$1" -c "SELECT count(*) FROM (
+      SELECT idempotency.complete_key(k, (idempotency.claim_key(k)).token, '{}') FROM
+        (VALUES ('hot-1'), ('hot-2'), ('hot-3')) v(k)) c;
+    SELECT n_tup_hot_upd || '/' || n_tup_upd FROM pg_stat_xact_user_tables WHERE relid = 'idempotency.idempotency_keys'::regclass" | tail -1
+}
+if ((IDEM_PG_MAJOR >= 16)); then
+  layout="brin idempotency.expiry_bucket(expires_at)
+3/3"
+else
+  layout="btree expires_at
+0/3"
+fi
+expect "the expiry index of this major, and the completions' HOT updates (PostgreSQL $IDEM_PG_MAJOR)" "$(expiry_layout shop)" "$layout"
+expect "expiry_bucket: the minute, never later; infinity stays; NULL stays" \
+  "$(q -d shop -c "SELECT idempotency.expiry_bucket('2026-12-05 15:49:31.5+00') = '2026-12-05 15:49:00+00',
+                          idempotency.expiry_bucket('1999-12-31 23:59:59.999999+00') = '1999-12-31 23:59:00+00',
+                          idempotency.expiry_bucket('infinity'), idempotency.expiry_bucket(NULL) IS NULL")" "t|t|infinity|t"
+
+# From 1.3.3 (the B-Tree on every major) with keys in place: the index is rebuilt as this major's.
+update_with_keys 1.3.3 upd133
+expect "after the update from 1.3.3: the expiry index of this major, and the completions' HOT updates" \
+  "$(expiry_layout upd133)" "$layout"
 
 # --- 3. keys move between the editions -------------------------------------------------
 q -c "CREATE DATABASE cpp" -c "CREATE DATABASE back OWNER shop_owner" >/dev/null
