@@ -14,7 +14,7 @@
 # Each workload is run REPS times with pgbench (prepared statements), interleaved, and the
 # median tps is printed with the ratios. Results: docs/benchmarks.md, "Portable edition".
 #
-# The portable edition of BENCH_BEFORE (1.3.2 by default) runs too, in a database of its own,
+# The portable edition of BENCH_BEFORE (1.3.3 by default) runs too, in a database of its own,
 # interleaved with the rest: before and after under the same load.
 #
 #   bench/portable.sh      environment: BENCH_SECONDS (5), BENCH_REPS (3), BENCH_CLIENTS (2),
@@ -27,7 +27,7 @@ SECONDS_PER_RUN="${BENCH_SECONDS:-5}"
 REPS="${BENCH_REPS:-3}"
 CLIENTS="${BENCH_CLIENTS:-2}"
 NKEYS=100000
-BEFORE="${BENCH_BEFORE:-1.3.2}"
+BEFORE="${BENCH_BEFORE:-1.3.3}"
 
 build_and_install
 idem_scratch_init
