@@ -274,7 +274,7 @@ expect "after the update from 1.3.2: the largest values are admitted (and a NULL
 # The expiry index by major (1.3.4): a BRIN over expiry_bucket(expires_at) on 16 and later, where
 # a claim's completion is then a HOT update (no new entry in the primary key); the B-Tree on 15.
 # expiry_layout DB: the index's access method and key, then the HOT updates of claims
-# completed in their own transaction (app_a: three keys).
+# completed in their own transaction (app_a: three keys, deleted again).
 expiry_layout() {
   q -d "$1" -c "SET search_path = pg_catalog" -c "SELECT a.amname || ' ' || pg_get_indexdef(i.oid, 1, true) FROM pg_class i JOIN pg_am a ON a.oid = i.relam
                  WHERE i.oid = 'idempotency.idempotency_keys_expires_at_idx'::regclass"
@@ -282,6 +282,7 @@ expiry_layout() {
       SELECT idempotency.complete_key(k, (idempotency.claim_key(k)).token, '{}') FROM
         (VALUES ('hot-1'), ('hot-2'), ('hot-3')) v(k)) c;
     SELECT n_tup_hot_upd || '/' || n_tup_upd FROM pg_stat_xact_user_tables WHERE relid = 'idempotency.idempotency_keys'::regclass" | tail -1
+  q -U app_a -d "$1" -c "DELETE FROM idempotency.idempotency_keys WHERE key LIKE 'hot-_'" >/dev/null
 }
 if ((IDEM_PG_MAJOR >= 16)); then
   layout="brin idempotency.expiry_bucket(expires_at)
