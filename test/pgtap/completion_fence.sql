@@ -138,11 +138,15 @@ SELECT is(cf.both('role', 'cf_claimer', 'cf_other', 'role'),
 SELECT is((SELECT status::text FROM idempotency.idempotency_keys WHERE key = 'd-role'), 'processing',
           'and the claim is unchanged');
 
--- A claim that expired before its completion: expires_at is not after now.
+-- A claim that expired before its completion: expires_at is not after now. The look at the
+-- row is in the claim's transaction: once committed, the expired claim is the cleanup
+-- worker's to delete, at any moment.
+BEGIN;
 SELECT is(cf.both('expired', 'cf_claimer', 'cf_claimer', 'expired', ttl => '2 ms', expire => true),
           'P0002 scanned / P0002 scanned', 'a claim expired before its completion: P0002 on both paths');
 SELECT is((SELECT status::text FROM idempotency.idempotency_keys WHERE key = 'd-expired'), 'processing',
           'and the claim is unchanged');
+COMMIT;
 
 -- A new role under the holder's name: the name matches, the stamp names the earlier role.
 SELECT is(cf.both('reused', 'cf_reused', 'cf_reused', 'reused', reuse => true),
