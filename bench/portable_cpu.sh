@@ -61,6 +61,8 @@ pg_psql -d cpp -c "GRANT SELECT, INSERT, UPDATE ON pl_keys, plp_keys TO bench_ap
 # a fresh random key.
 as_pg env PGHOST="$PGHOST" PGPORT="$PGPORT" CALLS="$CALLS" ROUNDS="$ROUNDS" python3 - <<'PY'
 import os
+import statistics
+
 import psycopg
 
 calls, rounds = int(os.environ["CALLS"]), int(os.environ["ROUNDS"])
@@ -146,8 +148,7 @@ loops = per_round["nothing (the loop)"]
 def ratio(name):
     kind = name.split(": ", 1)[1]
     other = per_round[f"hand-written, same checks: {kind}"]
-    rs = sorted((t - l) / (o - l) for t, o, l in zip(per_round[name], other, loops))
-    return rs[len(rs) // 2] if len(rs) % 2 else (rs[len(rs) // 2 - 1] + rs[len(rs) // 2]) / 2
+    return statistics.median((t - l) / (o - l) for t, o, l in zip(per_round[name], other, loops))
 
 
 print("| what | us | WAL bytes | ÷ same checks (median of rounds) |\n|---|---:|---:|---:|")
